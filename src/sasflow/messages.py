@@ -1,0 +1,69 @@
+"""What travels over the transport: requests to agents, their replies, and the
+status messages an application receives on its own queue (S4, E11).
+
+JSON on the wire (msgspec), so any broker and any language can read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from sasflow.model import Phase
+
+__all__ = ["Reply", "Request", "Status", "decode_reply", "decode_request", "encode"]
+
+
+class Request(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Scheduler -> agent: run one unit of work before `complete_by`."""
+
+    task_id: str
+    step: str
+    phase: Phase
+    agent: str
+    epoch: int
+    input: Any
+    results: dict[str, Any]  # earlier steps' results, by step name
+    idempotency_key: str
+    complete_by: float  # absolute, seconds since the epoch (the store's clock)
+    reply_to: str  # the scheduler instance's reply queue
+    result: Any = None  # for a compensation: the result of the step it undoes
+
+
+class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Agent -> scheduler: the unit finished, or failed for good."""
+
+    task_id: str
+    step: str
+    phase: Phase
+    epoch: int
+    ok: bool
+    result: Any = None
+    error: str | None = None
+
+
+class Status(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Progress of a task, sent to the queue the application named (E11).
+
+    event: received, step_completed, processed, error, compensating, compensated,
+    cancelled.
+    """
+
+    task_id: str
+    event: str
+    state: str
+    at: float
+    step: str | None = None
+    error: str | None = None
+
+
+_encoder = msgspec.json.Encoder()
+_request_decoder = msgspec.json.Decoder(Request)
+_reply_decoder = msgspec.json.Decoder(Reply)
+_status_decoder = msgspec.json.Decoder(Status)
+
+encode = _encoder.encode
+decode_request = _request_decoder.decode
+decode_reply = _reply_decoder.decode
+decode_status = _status_decoder.decode

@@ -1,0 +1,228 @@
+"""Task and step records, their states, and the transitions allowed between them.
+
+Pure: no I/O. Every store asks this module whether a transition is allowed, so
+the rules live in one place (SPEC S2, E2, S9)::
+
+    task:  pending ──claim──▶ processing ──all steps done──▶ processed
+              ▲                  │  │ └─nontransient / exhausted──▶ error ◀──┐
+              └──release─────────┘  └──undo──▶ compensating ──▶ compensated│
+                                               └──compensation exhausted───┘
+           pending | processing | error ──cancel──▶ cancelled
+
+    step:  pending ──▶ running ──▶ completed ──▶ compensating ──▶ compensated
+                        │  ▲ release
+                        └──┴──▶ failed ──operator retry──▶ pending
+
+A compensation is a unit of its own (own attempts, deadline and idempotency key,
+DESIGN invariant 8): the step it undoes moves completed -> compensating ->
+compensated alongside it.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "CompensationRecord",
+    "TERMINAL_TASK_STATES",
+    "Phase",
+    "StepRecord",
+    "StepState",
+    "Task",
+    "TaskState",
+    "can_move",
+    "idempotency_key",
+    "isoformat",
+]
+
+
+class TaskState(enum.StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    PROCESSED = "processed"
+    ERROR = "error"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    CANCELLED = "cancelled"
+
+
+class StepState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+
+
+class Phase(enum.StrEnum):
+    """Which way a task is moving: forward through its steps, or back undoing them."""
+
+    DO = "do"
+    UNDO = "undo"
+
+
+TERMINAL_TASK_STATES = frozenset(
+    {TaskState.PROCESSED, TaskState.ERROR, TaskState.COMPENSATED, TaskState.CANCELLED}
+)
+
+_T = TaskState
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    _T.PENDING: frozenset({_T.PROCESSING, _T.COMPENSATING, _T.ERROR, _T.CANCELLED}),
+    # processing -> pending is the supervisor's release; -> compensating is a saga
+    _T.PROCESSING: frozenset(
+        {_T.PENDING, _T.PROCESSED, _T.ERROR, _T.COMPENSATING, _T.CANCELLED}
+    ),
+    _T.COMPENSATING: frozenset({_T.COMPENSATING, _T.COMPENSATED, _T.ERROR}),
+    # error is terminal until an operator acts on it (E8)
+    _T.ERROR: frozenset({_T.PENDING, _T.COMPENSATING, _T.CANCELLED}),
+    _T.PROCESSED: frozenset(),
+    _T.COMPENSATED: frozenset(),
+    _T.CANCELLED: frozenset(),
+}
+
+_S = StepState
+STEP_TRANSITIONS: dict[StepState, frozenset[StepState]] = {
+    _S.PENDING: frozenset({_S.RUNNING}),
+    _S.RUNNING: frozenset({_S.RUNNING, _S.PENDING, _S.COMPLETED, _S.FAILED}),
+    # failed -> compensating: a step whose outcome is in doubt (it expired too often)
+    # is undone too, since its effect may have been applied
+    _S.FAILED: frozenset({_S.PENDING, _S.COMPENSATING}),
+    _S.COMPLETED: frozenset({_S.COMPENSATING}),
+    _S.COMPENSATING: frozenset({_S.COMPENSATING, _S.COMPENSATED}),
+    _S.COMPENSATED: frozenset(),
+}
+
+
+def can_move(current: TaskState | StepState, target: TaskState | StepState) -> bool:
+    """Whether `current -> target` is an allowed transition (task or step states)."""
+    if isinstance(current, TaskState) and isinstance(target, TaskState):
+        return target in TASK_TRANSITIONS[current]
+    if isinstance(current, StepState) and isinstance(target, StepState):
+        return target in STEP_TRANSITIONS[current]
+    raise TypeError("cannot mix task and step states")
+
+
+_KEY_NAMESPACE = uuid.UUID("6f1c1c0e-5a5f-4d0e-9a57-5a5f10e5a5f1")
+
+
+def idempotency_key(task_id: str, step: str, phase: Phase = Phase.DO) -> str:
+    """The key an agent passes to its remote service (S3, DESIGN invariant 5).
+
+    Derived only from what never changes for a unit of work, so it is identical on
+    every attempt, every epoch and every instance; a compensation gets its own.
+    """
+    return str(uuid.uuid5(_KEY_NAMESPACE, f"{phase.value}\x00{task_id}\x00{step}"))
+
+
+def isoformat(ts: float | None) -> str | None:
+    """A store timestamp (seconds since the epoch) as ISO-8601 with a UTC offset."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+class CompensationRecord(msgspec.Struct, kw_only=True):
+    """The undo of one completed step: a durable unit of its own (S9)."""
+
+    state: StepState
+    attempts: int = 0
+    failure_count: int = 0
+    complete_by: float | None = None
+    idempotency_key: str = ""
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "failure_count": self.failure_count,
+            "complete_by": isoformat(self.complete_by),
+            "idempotency_key": self.idempotency_key,
+            "error": self.error,
+        }
+
+
+class StepRecord(msgspec.Struct, kw_only=True):
+    """One step of a task as the store holds it (SPEC S2)."""
+
+    name: str
+    agent: str
+    state: StepState
+    attempts: int = 0
+    failure_count: int = 0
+    complete_by: float | None = None
+    idempotency_key: str = ""
+    result: Any = None
+    error: str | None = None
+    in_doubt: bool = False  # failed by expiring too often: its effect may have happened
+    compensation: CompensationRecord | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "agent": self.agent,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "failure_count": self.failure_count,
+            "complete_by": isoformat(self.complete_by),
+            "idempotency_key": self.idempotency_key,
+            "result": self.result,
+            "error": self.error,
+        }
+        if self.compensation is not None:
+            out["compensation"] = self.compensation.to_json()
+        return out
+
+
+class Task(msgspec.Struct, kw_only=True):
+    """A task's state record (SPEC E2) and, when loaded with them, its steps."""
+
+    task_id: str
+    workflow: str
+    input: Any
+    state: TaskState
+    phase: Phase = Phase.DO  # do: forward through the steps; undo: compensating
+    cursor: int = 0  # the step being run, or undone
+    locked_by: str | None = None
+    complete_by: float | None = None
+    failure_count: int = 0
+    epoch: int = 0
+    reply_to: str | None = None
+    error: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    steps: list[StepRecord] = msgspec.field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_TASK_STATES
+
+    def step(self, name: str) -> StepRecord:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def to_json(self, *, steps: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "task_id": self.task_id,
+            "workflow": self.workflow,
+            "state": self.state.value,
+            "locked_by": self.locked_by,
+            "complete_by": isoformat(self.complete_by),
+            "failure_count": self.failure_count,
+            "epoch": self.epoch,
+            "reply_to": self.reply_to,
+            "created_at": isoformat(self.created_at),
+            "updated_at": isoformat(self.updated_at),
+            "error": self.error,
+        }
+        if steps:
+            out["steps"] = [s.to_json() for s in self.steps]
+        return out

@@ -1,0 +1,322 @@
+"""The planner: pure functions that decide each task's next Transition.
+
+Given a workflow, a snapshot of a task and what just happened (a claim, an
+agent's reply, an expiry, an operator's request), the planner returns the one
+Transition to apply, and updates the snapshot to what the task will be once it
+applies. No I/O and no clock of its own: `now` is passed in. The scheduler, the
+supervisor and the operator commands all decide here, so the rules of the
+pattern (S2, S6, S8, S9, E8, E9) live in one place.
+
+Forward (phase do) the cursor is the step being run. Backward (phase undo) it
+is the highest step that may still need undoing; the planner walks it down over
+the steps that completed, or whose outcome is in doubt, and have a compensator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sasflow.errors import InvalidTransitionError
+from sasflow.model import (
+    CompensationRecord,
+    Phase,
+    StepState,
+    Task,
+    TaskState,
+    can_move,
+    idempotency_key,
+)
+from sasflow.transition import Transition, UnitChange
+from sasflow.workflow import OnFailure, Workflow
+
+__all__ = ["Plan"]
+
+Event = tuple[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A workflow plus which of its agents can undo their work."""
+
+    workflow: Workflow
+    compensable: frozenset[str]  # agents that declared a compensator
+
+    # ------------------------------------------------------------ scheduler
+    def claim(self, task: Task, owner: str, now: float) -> Transition:
+        """A scheduler takes an unlocked pending or compensating task (E3)."""
+        fence = _Fence(task, owner=None, claim=True)
+        if task.state is TaskState.PENDING:
+            return self._run_step(task, fence, owner, now, why="claimed")
+        return self._undo_from(task, task.cursor, fence, owner, now, why="claimed")
+
+    def reply(self, task: Task, owner: str, ok: bool, result: Any, error: str | None,
+              now: float) -> Transition:
+        """Apply an agent's reply for the unit at the cursor (E6, S6)."""
+        fence = _Fence(task, owner=owner)
+        name = task.steps[task.cursor].name
+        if task.state is TaskState.COMPENSATING:
+            if not ok:
+                failed = self._undo_unit(task, StepState.FAILED, error=error)
+                return self._error(task, fence, owner, now, [failed],
+                                   f"compensation of {name} failed: {error}")
+            done = self._undo_unit(task, StepState.COMPENSATED, result=result)
+            task.steps[task.cursor].state = StepState.COMPENSATED
+            return self._undo_from(task, task.cursor - 1, fence, owner, now, units=[done],
+                                   why=f"{name} compensated")
+        if not ok:
+            failed = self._unit(task, StepState.FAILED, error=error)
+            message = f"step {name} failed: {error}"
+            if self.workflow.on_failure is OnFailure.COMPENSATE:
+                # a nontransient error means the remote refused: nothing of this step to undo
+                task.error = message
+                return self._undo_from(task, task.cursor - 1, fence, owner, now,
+                                       units=[failed], why=message,
+                                       events=[("compensating", name)])
+            return self._error(task, fence, owner, now, [failed], message)
+        done = self._unit(task, StepState.COMPLETED, result=result)
+        if task.cursor + 1 < len(task.steps):
+            task.cursor += 1
+            return self._run_step(task, fence, owner, now, units=[done], why=f"{name} completed",
+                                  events=[("step_completed", name)])
+        return self._move(task, fence, TaskState.PROCESSED, owner, now, units=[done],
+                          why=f"{name} completed, all steps done",
+                          events=[("step_completed", name), ("processed", None)])
+
+    # ------------------------------------------------------------ supervisor
+    def expire(self, task: Task, supervisor: str, now: float) -> Transition:
+        """The unit at the cursor ran past its complete-by (E9, S8, M3).
+
+        Fenced on the expiry itself, so two supervisors never count it twice.
+        """
+        fence = _Fence(task, owner=task.locked_by, expired_before=now)
+        name = task.steps[task.cursor].name
+        task.failure_count += 1
+        failures = task.failure_count
+        undoing = task.state is TaskState.COMPENSATING
+        why = f"{'compensation of ' if undoing else ''}{name} expired ({failures}x)"
+        if failures < self.workflow.max_failures:
+            if undoing:
+                unit = self._undo_unit(task, StepState.PENDING, failed=True)
+            else:
+                unit = self._unit(task, StepState.PENDING, failed=True)
+            return self._move(task, fence, task.state if undoing else TaskState.PENDING,
+                              supervisor, now, units=[unit], locked_by=None,
+                              available_at=now + self.workflow.release_delay(failures),
+                              why=f"{why}: released")
+        if undoing:
+            unit = self._undo_unit(task, StepState.FAILED, failed=True, error="expired")
+            return self._error(task, fence, supervisor, now, [unit],
+                               f"{why}: compensation exhausted its retries")
+        policy = self.workflow.on_failure
+        if policy is OnFailure.PARK:
+            unit = self._unit(task, StepState.PENDING, failed=True)
+            return self._move(task, fence, TaskState.PENDING, supervisor, now, units=[unit],
+                              locked_by=None, available_at=now + self.workflow.park_for,
+                              why=f"{why}: parked for {self.workflow.park_for:g}s")
+        # its effect may have happened (a reply lost after the effect): in doubt
+        unit = self._unit(task, StepState.FAILED, failed=True, in_doubt=True,
+                          error=f"expired {failures} times")
+        if policy is OnFailure.COMPENSATE:
+            task.error = f"step {name} expired {failures} times"
+            return self._undo_from(task, task.cursor, fence, None, now, units=[unit],
+                                   why=f"{why}: compensating", actor=supervisor,
+                                   events=[("compensating", name)])
+        return self._error(task, fence, supervisor, now, [unit], f"{why}: retries exhausted")
+
+    # ------------------------------------------------------------ operator (E8)
+    def retry(self, task: Task, now: float, step: str | None = None) -> Transition:
+        """Resubmit the failed step (or failed compensation) of a task in error."""
+        self._allow(task, TaskState.PENDING, "retry")
+        fence = _Fence(task, owner=task.locked_by)
+        record = task.steps[task.cursor]
+        undoing = task.phase is Phase.UNDO
+        failed = (record.compensation.state if undoing and record.compensation
+                  else record.state) is StepState.FAILED
+        if not failed:
+            raise InvalidTransitionError(
+                f"cannot retry task {task.task_id}: it has no failed step", task_id=task.task_id)
+        if step is not None and step != record.name:
+            raise InvalidTransitionError(
+                f"cannot retry task {task.task_id}: step {step!r} is not the failed step"
+                f" {record.name!r}", task_id=task.task_id, step=step)
+        task.failure_count, task.error = 0, None
+        if undoing:
+            unit = self._undo_unit(task, StepState.PENDING, reset=True)
+        else:
+            unit = self._unit(task, StepState.PENDING, reset=True)
+        return self._move(task, fence, TaskState.COMPENSATING if undoing else TaskState.PENDING,
+                          "operator", now, units=[unit], locked_by=None, available_at=now,
+                          why=f"operator retry of {record.name}")
+
+    def compensate(self, task: Task, now: float) -> Transition:
+        """Undo whatever the task did so far, on an operator's request (S9)."""
+        if task.state is TaskState.COMPENSATING:
+            raise InvalidTransitionError(
+                f"cannot compensate task {task.task_id}: it is already compensating",
+                task_id=task.task_id)
+        self._allow(task, TaskState.COMPENSATING, "compensate")
+        fence = _Fence(task, owner=task.locked_by)
+        record = task.steps[task.cursor]
+        units = []
+        start = task.cursor
+        if task.phase is Phase.DO:
+            started = record.state is StepState.RUNNING or (
+                record.state is StepState.PENDING and record.attempts > 0)
+            if started:  # it may have applied its effect: undo it too
+                units.append(self._unit(task, StepState.FAILED, in_doubt=True,
+                                        error="interrupted: operator requested compensation"))
+            elif not record.in_doubt:
+                start = task.cursor - 1
+        return self._undo_from(task, start, fence, None, now, units=units, actor="operator",
+                               why="operator requested compensation",
+                               events=[("compensating", None)])
+
+    def cancel(self, task: Task, now: float) -> Transition:
+        """Stop the task where it is, undoing nothing."""
+        self._allow(task, TaskState.CANCELLED, "cancel")
+        return self._move(task, _Fence(task, owner=task.locked_by), TaskState.CANCELLED,
+                          "operator", now, locked_by=None, why="operator cancelled",
+                          events=[("cancelled", None)])
+
+    # ------------------------------------------------------------ building blocks
+    def _run_step(self, task: Task, fence: _Fence, owner: str, now: float, *, why: str,
+                  units: list[UnitChange] | None = None,
+                  events: list[Event] | None = None) -> Transition:
+        record = task.steps[task.cursor]
+        deadline = now + self.workflow.steps[task.cursor].timeout
+        task.phase = Phase.DO
+        start = self._unit(task, StepState.RUNNING, started=True, complete_by=deadline)
+        return self._move(task, fence, TaskState.PROCESSING, owner, now, locked_by=owner,
+                          units=[*(units or []), start], complete_by=deadline,
+                          why=f"{why}; {record.name} started", events=events)
+
+    def _undo_from(self, task: Task, highest: int, fence: _Fence, owner: str | None,
+                   now: float, *, why: str, units: list[UnitChange] | None = None,
+                   events: list[Event] | None = None, actor: str | None = None) -> Transition:
+        """Start the next compensation at or below `highest`, or finish as compensated.
+
+        With no `owner` (supervisor, operator) the task is left unlocked for any
+        scheduler to claim.
+        """
+        task.phase = Phase.UNDO
+        units, events = list(units or []), list(events or [])
+        who = actor or owner or "scheduler"
+        index = next((i for i in range(min(highest, len(task.steps) - 1), -1, -1)
+                      if self._needs_undo(task, i)), None)
+        if index is None:
+            task.cursor = max(highest, 0)
+            return self._move(task, fence, TaskState.COMPENSATED, who, now, units=units,
+                              locked_by=None, why=f"{why}; nothing left to undo",
+                              events=[*events, ("compensated", None)])
+        task.cursor = index
+        if owner is None:
+            return self._move(task, fence, TaskState.COMPENSATING, who, now, units=units,
+                              locked_by=None, available_at=now, why=why, events=events)
+        deadline = now + self.workflow.steps[index].timeout
+        units.append(self._undo_unit(task, StepState.RUNNING, started=True,
+                                     complete_by=deadline))
+        return self._move(task, fence, TaskState.COMPENSATING, owner, now, units=units,
+                          locked_by=owner, complete_by=deadline, events=events,
+                          why=f"{why}; compensating {task.steps[index].name}")
+
+    def _needs_undo(self, task: Task, index: int) -> bool:
+        record = task.steps[index]
+        if record.agent not in self.compensable:
+            return False
+        if record.compensation is not None:
+            return record.compensation.state is not StepState.COMPENSATED
+        return record.state is StepState.COMPLETED or (
+            record.state is StepState.FAILED and record.in_doubt)
+
+    def _error(self, task: Task, fence: _Fence, actor: str, now: float,
+               units: list[UnitChange], message: str) -> Transition:
+        record = task.steps[task.cursor]
+        task.error = message
+        transition = self._move(task, fence, TaskState.ERROR, actor, now, units=units,
+                                locked_by=None, why=message, events=[("error", record.name)])
+        transition.alert = message
+        transition.alert_step, transition.alert_agent = record.name, record.agent
+        return transition
+
+    def _unit(self, task: Task, state: StepState, *, started: bool = False,
+              failed: bool = False, reset: bool = False, complete_by: float | None = None,
+              result: Any = None, error: str | None = None,
+              in_doubt: bool = False) -> UnitChange:
+        """A change to the step at the cursor, mirrored into the snapshot."""
+        record = task.steps[task.cursor]
+        previous = record.state
+        record.state, record.error = state, error
+        record.in_doubt = record.in_doubt or in_doubt
+        record.attempts += started
+        record.failure_count = 0 if reset else record.failure_count + failed
+        if complete_by is not None:
+            record.complete_by = complete_by
+        change = UnitChange(index=task.cursor, phase=Phase.DO, name=record.name,
+                            agent=record.agent, idempotency_key=record.idempotency_key,
+                            state=state, from_state=previous, started=started, failed=failed, reset_failures=reset,
+                            complete_by=complete_by, error=error, in_doubt=in_doubt)
+        if state is StepState.COMPLETED:
+            record.result = change.result = result
+        return change
+
+    def _undo_unit(self, task: Task, state: StepState, *, started: bool = False,
+                   failed: bool = False, reset: bool = False, complete_by: float | None = None,
+                   result: Any = None, error: str | None = None) -> UnitChange:
+        """A change to the compensation of the step at the cursor (its own unit, S9)."""
+        record = task.steps[task.cursor]
+        undo = record.compensation
+        previous = undo.state if undo is not None else None
+        if undo is None:
+            undo = record.compensation = CompensationRecord(
+                state=state,
+                idempotency_key=idempotency_key(task.task_id, record.name, Phase.UNDO))
+        undo.state, undo.error = state, error
+        undo.attempts += started
+        undo.failure_count = 0 if reset else undo.failure_count + failed
+        if complete_by is not None:
+            undo.complete_by = complete_by
+        # the step itself shows where its undo stands
+        record.state = StepState.COMPENSATED if state is StepState.COMPENSATED else (
+            StepState.COMPENSATING)
+        change = UnitChange(index=task.cursor, phase=Phase.UNDO, name=record.name,
+                            agent=record.agent, idempotency_key=undo.idempotency_key,
+                            state=state, from_state=previous, started=started, failed=failed, reset_failures=reset,
+                            complete_by=complete_by, error=error)
+        if state is StepState.COMPENSATED:
+            change.result = result
+        return change
+
+    def _allow(self, task: Task, target: TaskState, action: str) -> None:
+        if not can_move(task.state, target):
+            raise InvalidTransitionError(
+                f"cannot {action} task {task.task_id}: it is {task.state.value}",
+                task_id=task.task_id)
+
+    def _move(self, task: Task, fence: _Fence, state: TaskState, actor: str, now: float, *,
+              why: str, units: list[UnitChange] | None = None, locked_by: str | None = None,
+              events: list[Event] | None = None, complete_by: float | None = None,
+              available_at: float | None = None) -> Transition:
+        """The Transition that moves `task` to `state`, fenced on how it was read."""
+        transition = Transition(
+            task_id=task.task_id, actor=actor, why=why, epoch=fence.epoch,
+            from_state=fence.state, owner=fence.owner, expired_before=fence.expired_before,
+            state=state, phase=task.phase, cursor=task.cursor, locked_by=locked_by,
+            complete_by=complete_by, available_at=available_at,
+            failure_count=task.failure_count,
+            error=None if state is TaskState.PROCESSED else task.error, claim=fence.claim,
+            units=units or [], events=events or [], reply_to=task.reply_to)
+        task.state, task.locked_by, task.complete_by = state, locked_by, complete_by
+        task.epoch = fence.epoch + fence.claim
+        return transition
+
+
+class _Fence:
+    """How the task was read: the transition applies only if it is still so."""
+
+    __slots__ = ("claim", "epoch", "expired_before", "owner", "state")
+
+    def __init__(self, task: Task, *, owner: str | None, claim: bool = False,
+                 expired_before: float | None = None) -> None:
+        self.epoch, self.state, self.owner = task.epoch, task.state, owner
+        self.claim, self.expired_before = claim, expired_before

@@ -1,0 +1,23 @@
+"""State stores: SQLite (embedded default) and, with the `postgres` extra, PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sasflow.errors import ConfigurationError
+from sasflow.store.base import Store
+
+__all__ = ["Store", "open_store"]
+
+
+def open_store(url: str, *, clock: Callable[[], float] | None = None) -> Store:
+    """The store a URL names: ``sqlite:///path`` or ``postgresql://...``."""
+    if url.startswith("sqlite:"):
+        from sasflow.store.sqlite import SQLiteStore
+
+        return SQLiteStore.from_url(url, clock=clock)
+    if url.startswith(("postgresql:", "postgres:")):
+        raise ConfigurationError("the PostgreSQL store is not available in this version")
+    raise ConfigurationError(
+        f"unknown store URL {url!r}: expected sqlite:///PATH or postgresql://..."
+    )

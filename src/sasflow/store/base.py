@@ -1,0 +1,112 @@
+"""The state store seam (SPEC S10): where tasks, steps, history and leases live.
+
+A store speaks domain verbs and applies Transitions atomically; it holds no
+business rules (those are in plan.py). Every implementation passes the same
+contract suite in tests/contract/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any, Protocol
+
+import msgspec
+
+from sasflow.model import Task, TaskState
+from sasflow.plan import Plan
+from sasflow.transition import Transition
+
+__all__ = ["Alert", "HistoryEntry", "NewTask", "OutboxMessage", "Store"]
+
+
+class NewTask(msgspec.Struct, kw_only=True):
+    """A task as submitted: validated, its input already encoded as JSON."""
+
+    task_id: str
+    workflow: str
+    input_json: bytes
+    steps: list[tuple[str, str, str]]  # (name, agent, idempotency key), in order
+    reply_to: str | None = None
+
+
+class HistoryEntry(msgspec.Struct, kw_only=True):
+    """One transition of a task or of one of its units: who, when, from, to, why."""
+
+    task_id: str
+    at: float
+    actor: str
+    epoch: int
+    from_state: str | None
+    to_state: str
+    why: str | None
+    step: str | None = None
+    phase: str | None = None
+
+
+class Alert(msgspec.Struct, kw_only=True):
+    """An operator alert raised with a task's move to error (E8)."""
+
+    id: int
+    task_id: str
+    at: float
+    message: str
+    step: str | None = None
+    agent: str | None = None
+
+
+class OutboxMessage(msgspec.Struct, kw_only=True):
+    id: int
+    queue: str
+    body: bytes
+
+
+class Store(Protocol):
+    """What the actors need from a state store, in their own words."""
+
+    def now(self) -> float:
+        """The store's clock (seconds since the epoch): deadlines are compared with it."""
+        ...
+
+    async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
+        """Create the task (pending, unlocked, 0 failures; E2); False if it existed already.
+
+        With `connection`, the writes join the caller's open transaction and are
+        committed, or rolled back, with it (E1).
+        """
+        ...
+
+    async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
+        """Atomically take up to `limit` claimable tasks and start their next unit (E3)."""
+        ...
+
+    async def apply(self, transition: Transition) -> bool:
+        """Apply a fenced transition: all of it, or nothing if the fence no longer holds."""
+        ...
+
+    async def expired(self, limit: int) -> list[Task]:
+        """Locked tasks whose complete-by has passed, with their steps (S7)."""
+        ...
+
+    async def get(self, task_id: str) -> Task | None: ...
+
+    async def list(self, *, state: TaskState | None = None, workflow: str | None = None,
+                   limit: int = 100) -> list[Task]: ...
+
+    async def history(self, task_id: str) -> list[HistoryEntry]: ...
+
+    async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]: ...
+
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
+        """Take or renew a named lease; its fencing epoch if held, else None (M3)."""
+        ...
+
+    async def take_outbox(self, queues: Collection[str] | None, limit: int
+                          ) -> list[OutboxMessage]:
+        """Lease pending status messages (of all queues, or only these) for relaying."""
+        ...
+
+    async def ack_outbox(self, ids: Collection[int]) -> None:
+        """Forget status messages once they are published."""
+        ...
+
+    async def close(self) -> None: ...

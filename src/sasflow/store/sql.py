@@ -1,0 +1,148 @@
+"""The store's SQL, written once, with `?` parameters.
+
+Column order of a task row everywhere: task_id, workflow, input, state, phase,
+cursor, locked_by, complete_by, available_at, failure_count, epoch, reply_to,
+error, created_at, updated_at.
+"""
+
+from __future__ import annotations
+
+TASK_COLUMNS = (
+    "task_id, workflow, input, state, phase, cursor, locked_by, complete_by, available_at, "
+    "failure_count, epoch, reply_to, error, created_at, updated_at"
+)
+
+INSERT_TASK = """
+INSERT INTO tasks (task_id, workflow, input, state, available_at, reply_to, created_at,
+                   updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (task_id) DO NOTHING
+"""
+
+SELECT_TASK_IDENTITY = "SELECT workflow, input FROM tasks WHERE task_id = ?"
+
+INSERT_STEP = """
+INSERT INTO steps (task_id, phase, idx, name, agent, state, idempotency_key, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+INSERT_HISTORY = """
+INSERT INTO history (task_id, step, phase, at, actor, epoch, from_state, to_state, why)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+# The fence: the task must still have the epoch, state and owner it was read with,
+# and (supervisor) a complete-by that has passed. Zero rows changed = not applied.
+APPLY_TRANSITION = """
+UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = ?,
+                 available_at = COALESCE(?, available_at), failure_count = ?, error = ?,
+                 epoch = epoch + ?, updated_at = ?
+WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ?
+  AND (? IS NULL OR complete_by < ?)
+"""
+
+# failure_count < 0 in the new values means "reset to 0" (operator retry).
+UPSERT_STEP = """
+INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,
+                   complete_by, idempotency_key, result, error, in_doubt, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, MAX(?, 0), ?, ?, ?, ?, ?, ?)
+ON CONFLICT (task_id, phase, idx) DO UPDATE SET
+    state = excluded.state,
+    attempts = steps.attempts + excluded.attempts,
+    failure_count = CASE WHEN excluded.failure_count < 0 THEN 0
+                         ELSE steps.failure_count + excluded.failure_count END,
+    complete_by = COALESCE(excluded.complete_by, steps.complete_by),
+    result = COALESCE(excluded.result, steps.result),
+    error = excluded.error,
+    in_doubt = MAX(steps.in_doubt, excluded.in_doubt),
+    updated_at = excluded.updated_at
+"""
+
+MIRROR_UNDO = """
+UPDATE steps SET state = ?, updated_at = ? WHERE task_id = ? AND phase = 'do' AND idx = ?
+"""
+
+INSERT_OUTBOX = "INSERT INTO outbox (queue, body, created_at) VALUES (?, ?, ?)"
+DELETE_OUTBOX = "DELETE FROM outbox WHERE id = ?"
+
+INSERT_ALERT = """
+INSERT INTO alerts (task_id, step, agent, at, message) VALUES (?, ?, ?, ?, ?)
+"""
+
+SELECT_TASK = f"SELECT {TASK_COLUMNS} FROM tasks WHERE task_id = ?"
+
+# Served by the partial index tasks_locked: cost grows with what has expired.
+SELECT_EXPIRED = f"""
+SELECT {TASK_COLUMNS} FROM tasks
+WHERE locked_by IS NOT NULL AND complete_by < ?
+ORDER BY complete_by LIMIT ?
+"""
+
+LIST_TASKS = f"""
+SELECT {TASK_COLUMNS} FROM tasks
+WHERE (? IS NULL OR state = ?) AND (? IS NULL OR workflow = ?)
+ORDER BY created_at, task_id LIMIT ?
+"""
+
+COUNT_BY_STATE = "SELECT state, COUNT(*) FROM tasks GROUP BY state"
+
+SELECT_HISTORY = """
+SELECT step, phase, at, actor, epoch, from_state, to_state, why FROM history
+WHERE task_id = ? ORDER BY id
+"""
+
+SELECT_ALERTS = """
+SELECT id, task_id, step, agent, at, message FROM alerts WHERE id > ? ORDER BY id LIMIT ?
+"""
+
+# Take the lease if it is free, expired, or already ours; a new holder bumps the epoch.
+ACQUIRE_LEASE = """
+INSERT INTO leases (name, holder, epoch, expires_at) VALUES (?, ?, 1, ?)
+ON CONFLICT (name) DO UPDATE SET
+    epoch = CASE WHEN leases.holder = excluded.holder THEN leases.epoch
+                 ELSE leases.epoch + 1 END,
+    holder = excluded.holder,
+    expires_at = excluded.expires_at
+WHERE leases.holder = excluded.holder OR leases.expires_at < ?
+RETURNING holder, epoch
+"""
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+def probe_claimable(workflows: int) -> str:
+    return f"""
+SELECT 1 FROM tasks
+WHERE locked_by IS NULL AND state IN ('pending', 'compensating') AND available_at <= ?
+  AND workflow IN ({_marks(workflows)})
+LIMIT 1
+"""
+
+
+def select_claimable(workflows: int) -> str:
+    """Served by the partial index tasks_claimable."""
+    return f"""
+SELECT {TASK_COLUMNS} FROM tasks
+WHERE locked_by IS NULL AND state IN ('pending', 'compensating') AND available_at <= ?
+  AND workflow IN ({_marks(workflows)})
+ORDER BY available_at LIMIT ?
+"""
+
+
+def select_steps(tasks: int) -> str:
+    return f"""
+SELECT task_id, phase, idx, name, agent, state, attempts, failure_count, complete_by,
+       idempotency_key, result, error, in_doubt
+FROM steps WHERE task_id IN ({_marks(tasks)}) ORDER BY task_id, phase, idx
+"""
+
+
+def lease_outbox(queues: int | None) -> str:
+    where = "" if queues is None else f"AND queue IN ({_marks(queues)})"
+    return f"""
+UPDATE outbox SET leased_until = ?
+WHERE id IN (SELECT id FROM outbox WHERE leased_until < ? {where} ORDER BY id LIMIT ?)
+RETURNING id, queue, body
+"""

@@ -1,0 +1,357 @@
+"""The embedded state store: one SQLite file in WAL mode (SPEC S10, M1).
+
+Writes go through one writer thread per process that group-commits whatever is
+waiting (writer.py); reads use their own connections and never wait for it.
+Several processes may share the file: `BEGIN IMMEDIATE` makes each claim and
+each fenced transition atomic across them.
+
+Durability is the `synchronous` setting, chosen in the URL:
+``sqlite:///tasks.db?synchronous=normal`` (the default; survives a process
+crash) or ``?synchronous=full`` (also survives a power loss, one fsync a commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import msgspec
+
+from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
+from sasflow.messages import Status, encode
+from sasflow.model import (
+    CompensationRecord,
+    Phase,
+    StepRecord,
+    StepState,
+    Task,
+    TaskState,
+    can_move,
+)
+from sasflow.plan import Plan
+from sasflow.store import sql
+from sasflow.store.base import Alert, HistoryEntry, NewTask, OutboxMessage
+from sasflow.store.writer import Writer
+from sasflow.transition import UNSET, Transition
+
+__all__ = ["SQLiteStore"]
+
+_SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL", "off": "OFF", "extra": "EXTRA"}
+_decode = msgspec.json.decode
+
+
+class SQLiteStore:
+    """Tasks, steps, history, alerts, outbox and leases in one SQLite file."""
+
+    def __init__(self, path: str, *, synchronous: str = "normal",
+                 clock: Callable[[], float] | None = None) -> None:
+        if path in ("", ":memory:"):
+            raise ConfigurationError("the SQLite store needs a file path (sqlite:///PATH)")
+        level = _SYNCHRONOUS.get(synchronous.lower())
+        if level is None:
+            raise ConfigurationError(
+                f"unknown SQLite synchronous setting {synchronous!r}: use normal or full")
+        self.path = os.path.abspath(path)
+        self.synchronous = level
+        self.now: Callable[[], float] = clock or time.time
+        self._readers = threading.local()
+        self._writer = Writer(self._connect_writer)
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Callable[[], float] | None = None) -> SQLiteStore:
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite" or parts.netloc:
+            raise ConfigurationError(f"bad SQLite URL {url!r}: expected sqlite:///PATH")
+        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        return cls(path, synchronous=options.get("synchronous", "normal"), clock=clock)
+
+    # ------------------------------------------------------------ connections
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+        except sqlite3.Error as error:
+            raise StoreError(f"cannot open SQLite store {self.path}: {error}") from error
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        return conn
+
+    def _connect_writer(self) -> sqlite3.Connection:
+        conn = self._connect()
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise StoreError(f"cannot put {self.path} in WAL mode (got {mode})")
+        _migrate(conn)
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._readers, "conn", None)
+        if conn is None:
+            conn = self._readers.conn = self._connect()
+        return conn
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        return await asyncio.to_thread(lambda: fn(self._reader()))
+
+    # ------------------------------------------------------------ submission
+    async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
+        if connection is not None:
+            return self.submit_in(connection, task)
+        return await self._writer.run(lambda conn: self._insert(conn, task))
+
+    def submit_sync(self, task: NewTask) -> bool:
+        return self._writer.run_sync(lambda conn: self._insert(conn, task))
+
+    def submit_in(self, connection: sqlite3.Connection, task: NewTask) -> bool:
+        """Write the task with the caller's connection, in the caller's transaction (E1)."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigurationError("connection must be a sqlite3.Connection to the store's file")
+        files = {row[2] for row in connection.execute("PRAGMA database_list") if row[2]}
+        if self.path not in {os.path.abspath(f) for f in files}:
+            raise ConfigurationError(
+                f"connection is not to the store's database file {self.path}")
+        return self._insert(connection, task)
+
+    def _insert(self, conn: sqlite3.Connection, task: NewTask) -> bool:
+        now = self.now()
+        body = task.input_json.decode()
+        created = conn.execute(sql.INSERT_TASK, (
+            task.task_id, task.workflow, body, TaskState.PENDING.value, now, task.reply_to,
+            now, now)).rowcount
+        if not created:
+            row = conn.execute(sql.SELECT_TASK_IDENTITY, (task.task_id,)).fetchone()
+            if row is not None and (row[0] != task.workflow or _decode(row[1]) != _decode(body)):
+                raise TaskConflictError(
+                    f"task {task.task_id} exists with another workflow or input",
+                    task_id=task.task_id)
+            return False
+        conn.executemany(sql.INSERT_STEP, [
+            (task.task_id, Phase.DO.value, i, name, agent, StepState.PENDING.value, key, now)
+            for i, (name, agent, key) in enumerate(task.steps)])
+        conn.execute(sql.INSERT_HISTORY, (
+            task.task_id, None, None, now, "submit", 0, None, TaskState.PENDING.value,
+            "submitted"))
+        if task.reply_to:
+            _status(conn, task.reply_to, task.task_id, "received", TaskState.PENDING, None, now)
+        return True
+
+    # ------------------------------------------------------------ scheduler
+    async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
+        names = list(plans)
+        if not names or limit <= 0:
+            return []
+        probe = sql.probe_claimable(len(names))
+        now = self.now()
+        found = await self._read(lambda c: c.execute(probe, (now, *names)).fetchone())
+        if found is None:  # nothing to do: do not take the write lock at all
+            return []
+
+        def job(conn: sqlite3.Connection) -> list[Task]:
+            now = self.now()
+            rows = conn.execute(sql.select_claimable(len(names)), (now, *names, limit)).fetchall()
+            claimed = []
+            for task in _tasks_with_steps(conn, rows):
+                transition = plans[task.workflow].claim(task, owner, now)
+                if _apply(conn, transition, now):
+                    claimed.append(task)
+            return claimed
+
+        return await self._writer.run(job)
+
+    async def apply(self, transition: Transition) -> bool:
+        return await self._writer.run(lambda conn: _apply(conn, transition, self.now()))
+
+    def apply_sync(self, transition: Transition) -> bool:
+        return self._writer.run_sync(lambda conn: _apply(conn, transition, self.now()))
+
+    # ------------------------------------------------------------ supervisor
+    async def expired(self, limit: int) -> list[Task]:
+        now = self.now()
+
+        def read(conn: sqlite3.Connection) -> list[Task]:
+            rows = conn.execute(sql.SELECT_EXPIRED, (now, limit)).fetchall()
+            return _tasks_with_steps(conn, rows)
+
+        result: list[Task] = await self._read(read)
+        return result
+
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
+        def job(conn: sqlite3.Connection) -> int | None:
+            now = self.now()
+            row = conn.execute(sql.ACQUIRE_LEASE, (name, holder, now + ttl, now)).fetchone()
+            return int(row[1]) if row is not None and row[0] == holder else None
+
+        return await self._writer.run(job)
+
+    # ------------------------------------------------------------ reading
+    async def get(self, task_id: str) -> Task | None:
+        found: Task | None = await self._read(lambda conn: _get(conn, task_id))
+        return found
+
+    def get_sync(self, task_id: str) -> Task | None:
+        return _get(self._reader(), task_id)
+
+    async def list(self, *, state: TaskState | None = None, workflow: str | None = None,
+                   limit: int = 100) -> list[Task]:
+        value = state.value if state is not None else None
+        rows = await self._read(lambda c: c.execute(
+            sql.LIST_TASKS, (value, value, workflow, workflow, limit)).fetchall())
+        return [_task(row) for row in rows]
+
+    async def count_by_state(self) -> dict[str, int]:
+        rows = await self._read(lambda c: c.execute(sql.COUNT_BY_STATE).fetchall())
+        return {state: n for state, n in rows}
+
+    async def history(self, task_id: str) -> list[HistoryEntry]:
+        rows = await self._read(lambda c: c.execute(sql.SELECT_HISTORY, (task_id,)).fetchall())
+        return [HistoryEntry(task_id=task_id, step=r[0], phase=r[1], at=r[2], actor=r[3],
+                             epoch=r[4], from_state=r[5], to_state=r[6], why=r[7])
+                for r in rows]
+
+    async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]:
+        rows = await self._read(lambda c: c.execute(sql.SELECT_ALERTS, (after, limit))
+                                .fetchall())
+        return [Alert(id=r[0], task_id=r[1], step=r[2], agent=r[3], at=r[4], message=r[5])
+                for r in rows]
+
+    # ------------------------------------------------------------ outbox (E11)
+    async def take_outbox(self, queues: Collection[str] | None, limit: int
+                          ) -> list[OutboxMessage]:
+        names = list(queues) if queues is not None else None
+        if names == []:
+            return []
+
+        def job(conn: sqlite3.Connection) -> list[OutboxMessage]:
+            now = self.now()
+            rows = conn.execute(sql.lease_outbox(None if names is None else len(names)),
+                                (now + 30.0, now, *(names or ()), limit)).fetchall()
+            return [OutboxMessage(id=r[0], queue=r[1], body=bytes(r[2])) for r in rows]
+
+        return await self._writer.run(job)
+
+    async def ack_outbox(self, ids: Collection[int]) -> None:
+        if ids:
+            await self._writer.run(lambda conn: conn.executemany(
+                sql.DELETE_OUTBOX, [(i,) for i in ids]))
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        self._writer.close()
+
+
+# ---------------------------------------------------------------- row mapping
+def _apply(conn: sqlite3.Connection, t: Transition, now: float) -> bool:
+    """Apply one fenced transition inside the caller's transaction."""
+    if not can_move(t.from_state, t.state) and t.from_state is not t.state:
+        raise StoreError(f"refusing {t.from_state} -> {t.state} for task {t.task_id}",
+                         task_id=t.task_id)
+    changed = conn.execute(sql.APPLY_TRANSITION, (
+        t.state.value, t.phase.value, t.cursor, t.locked_by, t.complete_by, t.available_at,
+        t.failure_count, t.error, int(t.claim), now,
+        t.task_id, t.epoch, t.from_state.value, t.owner, t.expired_before, t.expired_before,
+    )).rowcount
+    if not changed:
+        return False
+    epoch = t.epoch + t.claim
+    history = [(t.task_id, None, None, now, t.actor, epoch, t.from_state.value, t.state.value,
+                t.why)]
+    for unit in t.units:
+        result = None if unit.result is UNSET else encode(unit.result).decode()
+        failures = -1 if unit.reset_failures else int(unit.failed)
+        conn.execute(sql.UPSERT_STEP, (
+            t.task_id, unit.phase.value, unit.index, unit.name, unit.agent, unit.state.value,
+            int(unit.started), failures, unit.complete_by, unit.idempotency_key, result,
+            unit.error, int(unit.in_doubt), now))
+        if unit.phase is Phase.UNDO:  # the step shows where its undo stands
+            shown = StepState.COMPENSATED if unit.state is StepState.COMPENSATED else (
+                StepState.COMPENSATING)
+            conn.execute(sql.MIRROR_UNDO, (shown.value, now, t.task_id, unit.index))
+        history.append((t.task_id, unit.name, unit.phase.value, now, t.actor, epoch,
+                        unit.from_state.value if unit.from_state else None, unit.state.value,
+                        None))
+    conn.executemany(sql.INSERT_HISTORY, history)
+    if t.reply_to:
+        for event, step in t.events:
+            _status(conn, t.reply_to, t.task_id, event, t.state, step, now, t.error)
+    if t.alert:
+        conn.execute(sql.INSERT_ALERT, (t.task_id, t.alert_step, t.alert_agent, now, t.alert))
+    return True
+
+
+def _status(conn: sqlite3.Connection, queue: str, task_id: str, event: str, state: TaskState,
+            step: str | None, now: float, error: str | None = None) -> None:
+    body = encode(Status(task_id=task_id, event=event, state=state.value, at=now, step=step,
+                         error=error if event in ("error", "compensating") else None))
+    conn.execute(sql.INSERT_OUTBOX, (queue, body, now))
+
+
+def _task(row: tuple[Any, ...]) -> Task:
+    return Task(task_id=row[0], workflow=row[1], input=_decode(row[2]),
+                state=TaskState(row[3]), phase=Phase(row[4]), cursor=row[5], locked_by=row[6], complete_by=row[7],
+                failure_count=row[9], epoch=row[10], reply_to=row[11], error=row[12],
+                created_at=row[13], updated_at=row[14])
+
+
+def _tasks_with_steps(conn: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> list[Task]:
+    tasks: dict[str, Task] = {}
+    for row in rows:
+        task = _task(row)
+        tasks[task.task_id] = task
+    if not tasks:
+        return []
+    ids = list(tasks)
+    for chunk in range(0, len(ids), 500):
+        part = ids[chunk:chunk + 500]
+        undo: list[tuple[Any, ...]] = []
+        for r in conn.execute(sql.select_steps(len(part)), part):
+            if r[1] == Phase.UNDO.value:
+                undo.append(r)
+                continue
+            tasks[r[0]].steps.append(StepRecord(
+                name=r[3], agent=r[4], state=StepState(r[5]), attempts=r[6],
+                failure_count=r[7], complete_by=r[8], idempotency_key=r[9],
+                result=None if r[10] is None else _decode(r[10]), error=r[11],
+                in_doubt=bool(r[12])))
+        for r in undo:
+            tasks[r[0]].steps[r[2]].compensation = CompensationRecord(
+                state=StepState(r[5]), attempts=r[6], failure_count=r[7], complete_by=r[8],
+                idempotency_key=r[9], error=r[11])
+    return list(tasks.values())
+
+
+def _get(conn: sqlite3.Connection, task_id: str) -> Task | None:
+    rows = conn.execute(sql.SELECT_TASK, (task_id,)).fetchall()
+    found = _tasks_with_steps(conn, rows)
+    return found[0] if found else None
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Apply the packaged migrations this file has not seen, in order, atomically."""
+    folder = resources.files("sasflow.store.migrations") / "sqlite"
+    scripts = sorted((f.name, f) for f in folder.iterdir() if f.name.endswith(".sql"))
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                     "(version TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+        done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+        for name, script in scripts:
+            if name in done:
+                continue
+            for statement in script.read_text().split(";\n"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (name, time.time()))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
