@@ -11,7 +11,6 @@
     │   └── InvalidTransitionError  an operator action the task's state does not allow
     ├── StoreError                the operator: the state store is unreachable or corrupt
     ├── TransportError            the operator: the message transport failed
-    ├── TaskFailedError           `wait` saw the task end in error / compensated / cancelled
     ├── WaitTimeout               `wait` gave up before the task ended
     └── PermanentError            raised BY AGENT CODE: a nontransient fault, no retry (S6)
 
@@ -31,7 +30,6 @@ __all__ = [
     "SasflowError",
     "StoreError",
     "TaskConflictError",
-    "TaskFailedError",
     "TransportError",
     "UnknownTaskError",
     "UnknownWorkflowError",
@@ -94,10 +92,6 @@ class StoreError(SasflowError):
 
 class TransportError(SasflowError):
     """The message transport could not deliver."""
-
-
-class TaskFailedError(SasflowError):
-    """A waited-for task ended in a state other than processed."""
 
 
 class WaitTimeout(SasflowError, TimeoutError):

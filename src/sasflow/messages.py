@@ -41,6 +41,7 @@ class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     ok: bool
     result: Any = None
     error: str | None = None
+    permanent: bool = False  # a nontransient fault (S6); else the agent gave up retrying
 
 
 class Status(msgspec.Struct, kw_only=True, omit_defaults=True):

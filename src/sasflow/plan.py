@@ -51,10 +51,16 @@ class Plan:
         return self._undo_from(task, task.cursor, fence, owner, now, why="claimed")
 
     def reply(self, task: Task, owner: str, ok: bool, result: Any, error: str | None,
-              now: float) -> Transition:
-        """Apply an agent's reply for the unit at the cursor (E6, S6)."""
+              now: float, *, permanent: bool = True) -> Transition:
+        """Apply an agent's reply for the unit at the cursor (E6, S6).
+
+        A failure that is not permanent means the agent ran out of attempts: it
+        counts like an expiry, only sooner.
+        """
         fence = _Fence(task, owner=owner)
         name = task.steps[task.cursor].name
+        if not ok and not permanent:
+            return self._failed_attempt(task, fence, owner, now, f"agent gave up: {error}")
         if task.state is TaskState.COMPENSATING:
             if not ok:
                 failed = self._undo_unit(task, StepState.FAILED, error=error)
@@ -90,39 +96,44 @@ class Plan:
         Fenced on the expiry itself, so two supervisors never count it twice.
         """
         fence = _Fence(task, owner=task.locked_by, expired_before=now)
+        return self._failed_attempt(task, fence, supervisor, now, "expired")
+
+    def _failed_attempt(self, task: Task, fence: _Fence, actor: str, now: float,
+                        how: str) -> Transition:
+        """FailureCount + 1; release below the threshold, else the policy (S8)."""
         name = task.steps[task.cursor].name
         task.failure_count += 1
         failures = task.failure_count
         undoing = task.state is TaskState.COMPENSATING
-        why = f"{'compensation of ' if undoing else ''}{name} expired ({failures}x)"
+        why = f"{'compensation of ' if undoing else ''}{name}: {how} ({failures}x)"
         if failures < self.workflow.max_failures:
             if undoing:
                 unit = self._undo_unit(task, StepState.PENDING, failed=True)
             else:
                 unit = self._unit(task, StepState.PENDING, failed=True)
             return self._move(task, fence, task.state if undoing else TaskState.PENDING,
-                              supervisor, now, units=[unit], locked_by=None,
+                              actor, now, units=[unit], locked_by=None,
                               available_at=now + self.workflow.release_delay(failures),
                               why=f"{why}: released")
         if undoing:
-            unit = self._undo_unit(task, StepState.FAILED, failed=True, error="expired")
-            return self._error(task, fence, supervisor, now, [unit],
+            unit = self._undo_unit(task, StepState.FAILED, failed=True, error=how)
+            return self._error(task, fence, actor, now, [unit],
                                f"{why}: compensation exhausted its retries")
         policy = self.workflow.on_failure
         if policy is OnFailure.PARK:
             unit = self._unit(task, StepState.PENDING, failed=True)
-            return self._move(task, fence, TaskState.PENDING, supervisor, now, units=[unit],
+            return self._move(task, fence, TaskState.PENDING, actor, now, units=[unit],
                               locked_by=None, available_at=now + self.workflow.park_for,
                               why=f"{why}: parked for {self.workflow.park_for:g}s")
         # its effect may have happened (a reply lost after the effect): in doubt
         unit = self._unit(task, StepState.FAILED, failed=True, in_doubt=True,
-                          error=f"expired {failures} times")
+                          error=f"{how} {failures} times")
         if policy is OnFailure.COMPENSATE:
-            task.error = f"step {name} expired {failures} times"
+            task.error = f"step {name}: {how} {failures} times"
             return self._undo_from(task, task.cursor, fence, None, now, units=[unit],
-                                   why=f"{why}: compensating", actor=supervisor,
+                                   why=f"{why}: compensating", actor=actor,
                                    events=[("compensating", name)])
-        return self._error(task, fence, supervisor, now, [unit], f"{why}: retries exhausted")
+        return self._error(task, fence, actor, now, [unit], f"{why}: retries exhausted")
 
     # ------------------------------------------------------------ operator (E8)
     def retry(self, task: Task, now: float, step: str | None = None) -> Transition:

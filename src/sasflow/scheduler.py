@@ -1,0 +1,142 @@
+"""The Scheduler: claims tasks and runs their steps in order (SPEC S2, E3, E6, M1, M4).
+
+For each claimed task a driver sends the current unit's request to its agent
+and waits for the reply until the unit's complete-by. A reply becomes a
+Transition (plan.py) applied with the fence `locked_by = me AND epoch = mine`:
+if the task was taken away meanwhile, nothing is written and the driver lets
+go. No reply by the complete-by: the driver simply stops (E7); the supervisor
+will find the task and release it. A restarted or different instance resumes
+any task at its first unfinished step, since the store, not memory, says where
+each task stands (M4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from sasflow.messages import Reply, Request, decode_reply, encode
+from sasflow.model import Phase, Task, TaskState
+from sasflow.plan import Plan
+from sasflow.store.base import Store
+from sasflow.transition import Transition
+from sasflow.transport.base import Transport, agent_queue, reply_queue
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger("sasflow.scheduler")
+
+_IDLE_POLL_MAX = 0.25  # seconds between claim attempts when there is no work
+
+
+class Scheduler:
+    def __init__(self, store: Store, transport: Transport, plans: Mapping[str, Plan], *,
+                 instance_id: str, concurrency: int = 64,
+                 on_applied: Callable[[Transition], None] = lambda t: None) -> None:
+        self.store = store
+        self.transport = transport
+        self.plans = plans
+        self.instance_id = instance_id
+        self.concurrency = concurrency
+        self.on_applied = on_applied
+        self.reply_queue = reply_queue(instance_id)
+        self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply]]] = {}
+        self._drivers: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """Look for work now (a task was submitted or released in this process)."""
+        self._wake.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._drivers)
+
+    async def run(self) -> None:
+        consumer = asyncio.create_task(self.transport.consume(
+            self.reply_queue, self._on_reply, prefetch=max(64, self.concurrency)))
+        try:
+            await self._claim_loop()
+        finally:
+            consumer.cancel()
+            for driver in list(self._drivers):
+                driver.cancel()
+            await asyncio.gather(consumer, *self._drivers, return_exceptions=True)
+
+    async def _claim_loop(self) -> None:
+        idle = 0.005
+        while True:
+            free = self.concurrency - len(self._drivers)
+            claimed: list[Task] = []
+            if free > 0:
+                self._wake.clear()
+                claimed = await self.store.claim(self.instance_id, free, self.plans)
+                for task in claimed:
+                    driver = asyncio.create_task(self._drive(task))
+                    self._drivers.add(driver)
+                    driver.add_done_callback(self._driver_done)
+            if claimed and len(claimed) == free:
+                idle = 0.005
+                continue  # there may be more: come back when a slot frees
+            if claimed:
+                idle = 0.005
+            try:
+                async with asyncio.timeout(idle):
+                    await self._wake.wait()
+            except TimeoutError:
+                idle = min(idle * 2, _IDLE_POLL_MAX)
+
+    def _driver_done(self, driver: asyncio.Task[None]) -> None:
+        self._drivers.discard(driver)
+        if not driver.cancelled() and driver.exception() is not None:
+            log.error("task driver failed", exc_info=driver.exception())
+        self._wake.set()  # a slot is free
+
+    async def _drive(self, task: Task) -> None:
+        """Run the task's units one after another while this instance holds it."""
+        plan = self.plans[task.workflow]
+        loop = asyncio.get_running_loop()
+        while task.locked_by == self.instance_id and task.state in (
+                TaskState.PROCESSING, TaskState.COMPENSATING):
+            request = self._request(task)
+            future: asyncio.Future[Reply] = loop.create_future()
+            self._waiting[task.task_id] = (task.epoch, request.step, request.phase, future)
+            try:
+                await self.transport.publish(agent_queue(request.agent), encode(request))
+                delay = request.complete_by - self.store.now()
+                async with asyncio.timeout(max(0.0, delay)):
+                    reply = await future
+            except TimeoutError:
+                return  # E7: the record stays as it is, expired; the supervisor takes over
+            finally:
+                self._waiting.pop(task.task_id, None)
+            transition = plan.reply(task, self.instance_id, reply.ok, reply.result, reply.error,
+                                    self.store.now(), permanent=reply.permanent)
+            if not await self.store.apply(transition):
+                log.info("task %s was taken away (epoch %s): letting go", task.task_id,
+                         transition.epoch)
+                return
+            self.on_applied(transition)
+
+    def _request(self, task: Task) -> Request:
+        record = task.steps[task.cursor]
+        undo = task.phase is Phase.UNDO
+        unit = record.compensation if undo and record.compensation else record
+        assert unit.complete_by is not None
+        results = {s.name: s.result for s in task.steps[:task.cursor]} if not undo else {
+            s.name: s.result for s in task.steps}
+        return Request(task_id=task.task_id, step=record.name, phase=task.phase,
+                       agent=record.agent, epoch=task.epoch, input=task.input, results=results,
+                       idempotency_key=unit.idempotency_key, complete_by=unit.complete_by,
+                       reply_to=self.reply_queue, result=record.result if undo else None)
+
+    async def _on_reply(self, body: bytes) -> None:
+        reply = decode_reply(body)
+        waiting = self._waiting.get(reply.task_id)
+        if waiting is None:
+            return  # a reply for a task this instance no longer drives
+        epoch, step, phase, future = waiting
+        if (reply.epoch, reply.step, reply.phase) != (epoch, step, phase) or future.done():
+            return  # stale: from an earlier claim, or a duplicate delivery
+        future.set_result(reply)

@@ -1,0 +1,95 @@
+"""The Supervisor: finds units whose complete-by passed and requests recovery
+(SPEC S7, S8, E9, E10, M3).
+
+It never runs a step. It moves state with one fenced compare-and-set per expired
+task (`epoch = e AND state = s AND complete_by < now`), so two supervisors can
+never count the same expiry twice, and it leaves the atomic claim as the only
+way back into execution: below the workflow's `max_failures` the task is
+released (unlocked, pending, claimable after a backoff) for any scheduler to
+take; at the threshold the workflow's policy applies (error + alert,
+compensate, or park).
+
+Several supervisors may run; a lease with an expiry and a fencing epoch elects
+the one that sweeps. When the leader dies its lease runs out and another takes
+over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from sasflow.plan import Plan
+from sasflow.store.base import Store
+from sasflow.transition import Transition
+
+__all__ = ["LEASE_NAME", "Supervisor"]
+
+log = logging.getLogger("sasflow.supervisor")
+
+LEASE_NAME = "supervisor"
+
+
+class Supervisor:
+    def __init__(self, store: Store, plans: Mapping[str, Plan], *, instance_id: str,
+                 interval: float = 1.0, batch: int = 1000,
+                 on_applied: Callable[[Transition], None] = lambda t: None) -> None:
+        if interval <= 0:
+            raise ValueError("the supervisor interval must be > 0")
+        self.store = store
+        self.plans = plans
+        self.instance_id = instance_id
+        self.interval = interval
+        self.batch = batch
+        self.on_applied = on_applied
+        self.lease_epoch: int | None = None
+        self.recovered = 0  # expiries this instance has acted on
+
+    @property
+    def lease_ttl(self) -> float:
+        return max(3 * self.interval, 1.0)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # a store hiccup must not kill the supervisor
+                log.exception("supervisor tick failed")
+            await asyncio.sleep(self.interval)
+
+    async def tick(self) -> int:
+        """Renew or take the lease; if this instance leads, sweep once."""
+        epoch = await self.store.acquire_lease(LEASE_NAME, self.instance_id, self.lease_ttl)
+        if epoch != self.lease_epoch:
+            log.info("supervisor %s: %s", self.instance_id,
+                     "leading" if epoch is not None else "standing by")
+        self.lease_epoch = epoch
+        return await self.sweep() if epoch is not None else 0
+
+    async def sweep(self) -> int:
+        """Recover every expired unit once; returns how many this call recovered."""
+        total = 0
+        while True:
+            expired = await self.store.expired(self.batch)
+            if not expired:
+                return total
+            transitions = []
+            for task in expired:
+                plan = self.plans.get(task.workflow)
+                if plan is None:
+                    log.warning("task %s: workflow %r is not known here", task.task_id,
+                                task.workflow)
+                    continue
+                transitions.append(plan.expire(task, self.instance_id, self.store.now()))
+            if not transitions:
+                return total
+            # applied together: the store group-commits them
+            applied = await asyncio.gather(*(self.store.apply(t) for t in transitions))
+            for transition, ok in zip(transitions, applied, strict=True):
+                if ok:
+                    self.on_applied(transition)
+            total += sum(applied)
+            self.recovered += sum(applied)
+            if len(expired) < self.batch or not any(applied):
+                return total

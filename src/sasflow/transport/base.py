@@ -1,0 +1,52 @@
+"""The transport seam (SPEC S4, E5): named queues between schedulers, agents and
+the application.
+
+A queue per agent carries requests; a queue per scheduler instance carries the
+replies; an application's own queue carries its status messages. Delivery is at
+least once: a consumer acks a message after handling it, and one that dies
+before acking has it redelivered. Every implementation passes the contract
+suite in tests/contract/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Handler", "Transport", "agent_queue", "reply_queue"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+
+# Called with each message body; the message is acked when it returns, and
+# redelivered if it raises or the process dies first.
+Handler = Callable[[bytes], Awaitable[None]]
+
+
+def agent_queue(agent: str) -> str:
+    return f"sasflow.agent.{agent}"
+
+
+def reply_queue(instance_id: str) -> str:
+    return f"sasflow.reply.{instance_id}"
+
+
+class Transport(Protocol):
+    """Publish to a named queue; consume one with acks."""
+
+    # True when queues reach other processes (a broker); False for in-process queues.
+    shared: bool
+    max_message_bytes: int
+
+    async def publish(self, queue: str, body: bytes) -> None:
+        """Send `body` to `queue`; TransportError if it cannot be delivered or is too big."""
+        ...
+
+    async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> None:
+        """Deliver `queue`'s messages to `handler`, up to `prefetch` at once, until cancelled."""
+        ...
+
+    def has_consumer(self, queue: str) -> bool:
+        """Whether this process consumes `queue` (in-process transports only route locally)."""
+        ...
+
+    async def close(self) -> None: ...
