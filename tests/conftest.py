@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-os.environ.setdefault("SASFLOW_TESTING_NO_BACKOFF", "0")
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ private event loop (portal.py).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -70,7 +71,7 @@ class App:
         self._alert_callbacks: list[Callable[[Alert], None]] = []
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._lock = threading.Lock()
-        self._background: asyncio.Future[None] | None = None
+        self._background: concurrent.futures.Future[None] | None = None
 
     # ------------------------------------------------------------ declarations
     def agent(self, name: str, *, attempts: int = 10, initial_wait: float = 0.05,
@@ -184,7 +185,7 @@ class App:
                reply_to: str | None = None, connection: Any = None) -> str:
         if connection is not None:  # the caller's transaction lives in the caller's thread
             new = self.new_task(workflow, input, task_id=task_id, reply_to=reply_to)
-            self.store.submit_in(connection, new)  # type: ignore[attr-defined]
+            self.store.submit_in(connection, new)
             return new.task_id
         return self._portal.call(self.asubmit(workflow, input, task_id=task_id,
                                               reply_to=reply_to))
@@ -238,7 +239,7 @@ class App:
         except ValueError:
             choices = ", ".join(s.value for s in TaskState)
             raise PayloadError(f"unknown state {state!r} (choose {choices})") from None
-        return await self.store.list(state=wanted, workflow=workflow, limit=limit)
+        return await self.store.list_tasks(state=wanted, workflow=workflow, limit=limit)
 
     async def ahistory(self, task_id: str) -> list[HistoryEntry]:
         await self.aget(task_id)

@@ -28,8 +28,8 @@ from typing import Any
 import msgspec
 
 __all__ = [
-    "CompensationRecord",
     "TERMINAL_TASK_STATES",
+    "CompensationRecord",
     "Phase",
     "StepRecord",
     "StepState",

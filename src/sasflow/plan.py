@@ -265,7 +265,8 @@ class Plan:
             record.complete_by = complete_by
         change = UnitChange(index=task.cursor, phase=Phase.DO, name=record.name,
                             agent=record.agent, idempotency_key=record.idempotency_key,
-                            state=state, from_state=previous, started=started, failed=failed, reset_failures=reset,
+                            state=state, from_state=previous, started=started, failed=failed,
+                            reset_failures=reset,
                             complete_by=complete_by, error=error, in_doubt=in_doubt)
         if state is StepState.COMPLETED:
             record.result = change.result = result
@@ -292,7 +293,8 @@ class Plan:
             StepState.COMPENSATING)
         change = UnitChange(index=task.cursor, phase=Phase.UNDO, name=record.name,
                             agent=record.agent, idempotency_key=undo.idempotency_key,
-                            state=state, from_state=previous, started=started, failed=failed, reset_failures=reset,
+                            state=state, from_state=previous, started=started, failed=failed,
+                            reset_failures=reset,
                             complete_by=complete_by, error=error)
         if state is StepState.COMPENSATED:
             change.result = result

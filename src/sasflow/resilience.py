@@ -22,6 +22,7 @@ from tenacity import (
     stop_after_attempt,
     wait_exponential_jitter,
 )
+from tenacity.stop import stop_base
 
 from sasflow.breaker import CircuitBreaker
 from sasflow.errors import PermanentError
@@ -48,7 +49,7 @@ def _no_waiting() -> bool:
     return os.environ.get("SASFLOW_TESTING_NO_BACKOFF") == "1"
 
 
-class _StopAtDeadline:
+class _StopAtDeadline(stop_base):
     """Stop when the next wait would end past the deadline: no attempt can finish."""
 
     def __init__(self, deadline: float, clock: Callable[[], float]) -> None:

@@ -128,4 +128,4 @@ class Workflow:
 
     def release_delay(self, failure_count: int) -> float:
         """How long a released task waits before it may be claimed again."""
-        return min(60.0, self.retry_backoff * 2 ** max(0, failure_count - 1))
+        return min(60.0, self.retry_backoff * 2.0 ** max(0, failure_count - 1))

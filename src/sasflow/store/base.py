@@ -75,6 +75,10 @@ class Store(Protocol):
         """
         ...
 
+    def submit_in(self, connection: Any, task: NewTask) -> bool:
+        """`submit` inside the caller's open transaction, in the caller's thread (E1)."""
+        ...
+
     async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
         """Atomically take up to `limit` claimable tasks and start their next unit (E3)."""
         ...
@@ -89,7 +93,7 @@ class Store(Protocol):
 
     async def get(self, task_id: str) -> Task | None: ...
 
-    async def list(self, *, state: TaskState | None = None, workflow: str | None = None,
+    async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
                    limit: int = 100) -> list[Task]: ...
 
     async def history(self, task_id: str) -> list[HistoryEntry]: ...

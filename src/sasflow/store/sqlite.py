@@ -62,7 +62,10 @@ class SQLiteStore:
         self.synchronous = level
         self.now: Callable[[], float] = clock or time.time
         self._readers = threading.local()
-        self._writer = Writer(self._connect_writer)
+        # rows whose writes need no answer, inserted in bulk once per group commit
+        self._deferred = _Deferred()
+        self._writer = Writer(self._connect_writer, before_commit=self._deferred.flush,
+                              after_rollback=self._deferred.clear)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Callable[[], float] | None = None) -> SQLiteStore:
@@ -140,7 +143,8 @@ class SQLiteStore:
             task.task_id, None, None, now, "submit", 0, None, TaskState.PENDING.value,
             "submitted"))
         if task.reply_to:
-            _status(conn, task.reply_to, task.task_id, "received", TaskState.PENDING, None, now)
+            conn.execute(sql.INSERT_OUTBOX, _status(task.reply_to, task.task_id, "received",
+                                                    TaskState.PENDING, None, now))
         return True
 
     # ------------------------------------------------------------ scheduler
@@ -155,22 +159,21 @@ class SQLiteStore:
             return []
 
         def job(conn: sqlite3.Connection) -> list[Task]:
+            self._deferred.flush(conn)  # read what earlier jobs of this batch wrote
             now = self.now()
             rows = conn.execute(sql.select_claimable(len(names)), (now, *names, limit)).fetchall()
             claimed = []
             for task in _tasks_with_steps(conn, rows):
                 transition = plans[task.workflow].claim(task, owner, now)
-                if _apply(conn, transition, now):
+                if _apply(conn, transition, now, self._deferred):
                     claimed.append(task)
             return claimed
 
         return await self._writer.run(job)
 
     async def apply(self, transition: Transition) -> bool:
-        return await self._writer.run(lambda conn: _apply(conn, transition, self.now()))
-
-    def apply_sync(self, transition: Transition) -> bool:
-        return self._writer.run_sync(lambda conn: _apply(conn, transition, self.now()))
+        return await self._writer.run(
+            lambda conn: _apply(conn, transition, self.now(), self._deferred))
 
     # ------------------------------------------------------------ supervisor
     async def expired(self, limit: int) -> list[Task]:
@@ -193,13 +196,14 @@ class SQLiteStore:
 
     # ------------------------------------------------------------ reading
     async def get(self, task_id: str) -> Task | None:
-        found: Task | None = await self._read(lambda conn: _get(conn, task_id))
-        return found
+        # a primary-key read of a WAL file never waits for writers: cheaper inline
+        # than a hop to a thread and back
+        return _get(self._reader(), task_id)
 
     def get_sync(self, task_id: str) -> Task | None:
         return _get(self._reader(), task_id)
 
-    async def list(self, *, state: TaskState | None = None, workflow: str | None = None,
+    async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
                    limit: int = 100) -> list[Task]:
         value = state.value if state is not None else None
         rows = await self._read(lambda c: c.execute(
@@ -250,8 +254,32 @@ class SQLiteStore:
 
 
 # ---------------------------------------------------------------- row mapping
-def _apply(conn: sqlite3.Connection, t: Transition, now: float) -> bool:
-    """Apply one fenced transition inside the caller's transaction."""
+class _Deferred:
+    """Unit, history and outbox rows of the current group commit, written in bulk.
+
+    Only the fenced task UPDATE must run at once (its row count says whether the
+    transition applies); what follows from it can wait for the end of the batch,
+    or for the next job that reads steps (a claim), which flushes first.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[tuple[Any, ...]]] = {}
+
+    def add(self, statement: str, row: tuple[Any, ...]) -> None:
+        self.rows.setdefault(statement, []).append(row)
+
+    def flush(self, conn: sqlite3.Connection) -> None:
+        # dicts keep insertion order: statements run in the order first used
+        rows, self.rows = self.rows, {}
+        for statement, values in rows.items():
+            conn.executemany(statement, values)
+
+    def clear(self) -> None:
+        self.rows = {}
+
+
+def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Deferred) -> bool:
+    """Apply one fenced transition inside the writer's transaction."""
     if not can_move(t.from_state, t.state) and t.from_state is not t.state:
         raise StoreError(f"refusing {t.from_state} -> {t.state} for task {t.task_id}",
                          task_id=t.task_id)
@@ -263,41 +291,45 @@ def _apply(conn: sqlite3.Connection, t: Transition, now: float) -> bool:
     if not changed:
         return False
     epoch = t.epoch + t.claim
-    history = [(t.task_id, None, None, now, t.actor, epoch, t.from_state.value, t.state.value,
-                t.why)]
+    history: list[tuple[Any, ...]] = [
+        (t.task_id, None, None, now, t.actor, epoch, t.from_state.value, t.state.value, t.why)]
     for unit in t.units:
         result = None if unit.result is UNSET else encode(unit.result).decode()
         failures = -1 if unit.reset_failures else int(unit.failed)
-        conn.execute(sql.UPSERT_STEP, (
+        deferred.add(sql.UPSERT_STEP, (
             t.task_id, unit.phase.value, unit.index, unit.name, unit.agent, unit.state.value,
             int(unit.started), failures, unit.complete_by, unit.idempotency_key, result,
             unit.error, int(unit.in_doubt), now))
         if unit.phase is Phase.UNDO:  # the step shows where its undo stands
             shown = StepState.COMPENSATED if unit.state is StepState.COMPENSATED else (
                 StepState.COMPENSATING)
-            conn.execute(sql.MIRROR_UNDO, (shown.value, now, t.task_id, unit.index))
+            deferred.add(sql.MIRROR_UNDO, (shown.value, now, t.task_id, unit.index))
         history.append((t.task_id, unit.name, unit.phase.value, now, t.actor, epoch,
                         unit.from_state.value if unit.from_state else None, unit.state.value,
                         None))
-    conn.executemany(sql.INSERT_HISTORY, history)
+    for row in history:
+        deferred.add(sql.INSERT_HISTORY, row)
     if t.reply_to:
         for event, step in t.events:
-            _status(conn, t.reply_to, t.task_id, event, t.state, step, now, t.error)
+            deferred.add(sql.INSERT_OUTBOX, _status(t.reply_to, t.task_id, event, t.state,
+                                                    step, now, t.error))
     if t.alert:
-        conn.execute(sql.INSERT_ALERT, (t.task_id, t.alert_step, t.alert_agent, now, t.alert))
+        deferred.add(sql.INSERT_ALERT, (t.task_id, t.alert_step, t.alert_agent, now, t.alert))
     return True
 
 
-def _status(conn: sqlite3.Connection, queue: str, task_id: str, event: str, state: TaskState,
-            step: str | None, now: float, error: str | None = None) -> None:
+def _status(queue: str, task_id: str, event: str, state: TaskState, step: str | None,
+            now: float, error: str | None = None) -> tuple[str, bytes, float]:
+    """An outbox row: the status message, written with the change it reports (E11)."""
     body = encode(Status(task_id=task_id, event=event, state=state.value, at=now, step=step,
                          error=error if event in ("error", "compensating") else None))
-    conn.execute(sql.INSERT_OUTBOX, (queue, body, now))
+    return (queue, body, now)
 
 
 def _task(row: tuple[Any, ...]) -> Task:
     return Task(task_id=row[0], workflow=row[1], input=_decode(row[2]),
-                state=TaskState(row[3]), phase=Phase(row[4]), cursor=row[5], locked_by=row[6], complete_by=row[7],
+                state=TaskState(row[3]), phase=Phase(row[4]), cursor=row[5], locked_by=row[6],
+                complete_by=row[7],
                 failure_count=row[9], epoch=row[10], reply_to=row[11], error=row[12],
                 created_at=row[13], updated_at=row[14])
 

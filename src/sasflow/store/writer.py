@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -29,9 +30,13 @@ _MAX_BATCH = 512
 class Writer:
     """A thread owning the one write connection of this process."""
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+    def __init__(self, connect: Callable[[], sqlite3.Connection], *,
+                 before_commit: Callable[[sqlite3.Connection], None] = lambda conn: None,
+                 after_rollback: Callable[[], None] = lambda: None) -> None:
         self._jobs: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._connect = connect
+        self._before_commit = before_commit  # jobs may defer bulk writes until then
+        self._after_rollback = after_rollback
         self._ready = concurrent.futures.Future[None]()
         self._thread = threading.Thread(target=self._run, name="sasflow-sqlite-writer",
                                         daemon=True)
@@ -86,10 +91,12 @@ class Writer:
         try:
             conn.execute("BEGIN IMMEDIATE")
             results = [job(conn) for job, _, _ in batch]
+            self._before_commit(conn)
             conn.execute("COMMIT")
         except BaseException as error:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            self._after_rollback()
             if len(batch) == 1:
                 return [(batch[0], None, error)]
             outcomes: list[_Outcome] = []
@@ -119,10 +126,8 @@ def _settle_all(outcomes: list[_Outcome]) -> None:
         else:
             by_loop.setdefault(loop, []).append(outcome)
     for loop, group in by_loop.items():
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
             loop.call_soon_threadsafe(_settle_in_loop, group)
-        except RuntimeError:  # that loop has closed: nobody is waiting any more
-            pass
 
 
 def _settle_in_loop(outcomes: list[_Outcome]) -> None:

@@ -1,0 +1,445 @@
+"""`sasflow demo`: the order-processing example, end to end on one machine (SPEC U1).
+
+The runner plays the platform and the application, never the pattern's roles:
+
+1. it starts the flaky remote service in this process (real HTTP on loopback);
+2. it starts W worker processes (``sasflow worker``), each running a scheduler,
+   the agents and a supervisor over one embedded SQLite store;
+3. it submits N orders, a few of them with a card that will be declined;
+4. with ``chaos`` it SIGKILLs a worker mid-run and starts a replacement, as a
+   platform restarts a dead process;
+5. it shows progress, then a table read from the store and the service, and
+   checks the outcome: every order finished, no effect applied twice, and every
+   declined order undone (its stock released exactly once).
+
+Exit status 0 only if every check holds; 1 otherwise (or if the run does not
+finish in time); 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from sasflow.errors import SasflowError
+from sasflow.examples.orders.app import REMOTE_ENV, WORKFLOW, build_app
+from sasflow.examples.orders.remote import Faults, RemoteService
+from sasflow.model import TERMINAL_TASK_STATES, TaskState
+from sasflow.store.sqlite import SQLiteStore
+
+__all__ = ["DEFAULT_FAULTS", "DemoResult", "run_demo"]
+
+APP_REF = "sasflow.examples.orders.app:app"
+SUPERVISOR_INTERVAL = 0.5
+DECLINE_RATE = 0.05
+CHAOS_AT = 0.3  # kill a worker once this share of the orders has finished
+DEADLINE = 90.0  # seconds for the whole run, at the least
+POLL = 0.2
+# slow replies arrive after the 2 s step timeout: the step expires although its
+# effect was applied, and the supervisor's retry must be answered from the
+# service's idempotency store
+DEFAULT_FAULTS = Faults(transient=0.15, slow=0.03, slow_s=2.5, lost=0.03, seed=2024)
+
+_TERMINAL = [s.value for s in (TaskState.PROCESSED, TaskState.COMPENSATED, TaskState.ERROR,
+                               TaskState.CANCELLED)]
+_OPEN = [s.value for s in TaskState if s not in TERMINAL_TASK_STATES]
+
+
+def run_demo(orders: int = 200, workers: int = 3, chaos: bool = False,
+             store: str | None = None, *, faults: Faults = DEFAULT_FAULTS,
+             deadline: float | None = None, out: TextIO | None = None) -> int:
+    """Run the demo; returns the exit status (0 only if every check passed)."""
+    out = out or sys.stdout
+    if orders < 1 or workers < 1:
+        print(f"sasflow demo: --orders and --workers must be >= 1 (got {orders}, {workers})",
+              file=sys.stderr)
+        return 2
+    if store is not None and not store.startswith("sqlite:"):
+        print(f"sasflow demo: the demo runs on the embedded SQLite store, not {store!r}",
+              file=sys.stderr)
+        return 2
+    limit = deadline if deadline is not None else max(DEADLINE, 0.2 * orders)
+    with tempfile.TemporaryDirectory(prefix="sasflow-demo-") as scratch:
+        url = store or f"sqlite:///{Path(scratch) / 'orders.db'}"
+        try:
+            return _Run(orders, workers, chaos, url, faults, limit, Path(scratch), out).main()
+        except SasflowError as error:
+            print(f"sasflow demo: {error}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("\nsasflow demo: interrupted", file=sys.stderr)
+            return 130
+
+
+@dataclass
+class DemoResult:
+    """What a run ended with: the store's counts and the remote service's."""
+
+    orders: int
+    states: dict[str, int]
+    units_started: int
+    dispatches: int
+    failures: int
+    recoveries: int
+    alerts: int
+    remote: dict[str, Any]
+    declined: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def finished(self) -> int:
+        return sum(self.states.get(s, 0) for s in _TERMINAL)
+
+    @property
+    def retries(self) -> int:
+        """Dispatches of a unit beyond its first: after an expiry or an agent giving up."""
+        return self.dispatches - self.units_started
+
+
+class _Run:
+    def __init__(self, orders: int, workers: int, chaos: bool, store: str, faults: Faults,
+                 deadline: float, scratch: Path, out: TextIO) -> None:
+        self.orders, self.workers, self.chaos = orders, workers, chaos
+        self.store, self.faults, self.deadline = store, faults, deadline
+        self.scratch, self.out = scratch, out
+        # task ids unique to this run, so a reused store never mixes two runs up
+        self.prefix = f"order-{uuid.uuid4().hex[:6]}-"
+        rng = random.Random(faults.seed)
+        self.declined = set(rng.sample(range(1, orders + 1),
+                                       max(1, round(orders * DECLINE_RATE))))
+
+    def main(self) -> int:
+        app = build_app(self.store)
+        try:
+            sqlite = app.store  # opens the file and creates the schema before workers do
+            if not isinstance(sqlite, SQLiteStore):
+                raise SasflowError(f"{self.store} is not a SQLite store")
+            with RemoteService(faults=self.faults) as service, \
+                    _Workers(self._worker_env(service.url), self.scratch) as pool, \
+                    _Tally(sqlite.path, self.prefix) as tally:
+                self._header(service)
+                started = time.monotonic()
+                for _ in range(self.workers):
+                    pool.start()
+                for n in range(1, self.orders + 1):
+                    app.submit(WORKFLOW, self._order(n), task_id=f"{self.prefix}{n}")
+                ok = self._watch(pool, tally, started)
+                elapsed = time.monotonic() - started
+                pool.stop()  # before reading the final numbers: nothing moves any more
+                result = self._result(tally, service)
+            self._table(result, elapsed)
+            if not ok:
+                pool.print_logs(self.out)
+            return 0 if ok and not result.problems else 1
+        finally:
+            app.close()
+
+    def _order(self, n: int) -> dict[str, Any]:
+        return {"order_id": n, "amount": round(5 + (n * 37 % 500) + n % 100 / 100, 2),
+                "card": "declined" if n in self.declined else "ok"}
+
+    def _worker_env(self, remote: str) -> dict[str, str]:
+        env = dict(os.environ, SASFLOW_STORE=self.store, SASFLOW_TRANSPORT="memory")
+        env[REMOTE_ENV] = remote
+        return env
+
+    # ------------------------------------------------------------ progress
+    def _watch(self, pool: _Workers, tally: _Tally, started: float) -> bool:
+        """Show progress until every order is finished; False on a timeout or a crash."""
+        progress = _Progress(self.out, self.orders)
+        killed = False
+        while True:
+            counts = tally.counts()
+            finished = sum(counts.get(s, 0) for s in _TERMINAL)
+            elapsed = time.monotonic() - started
+            progress.show(counts, finished, elapsed)
+            if finished >= self.orders:
+                progress.done(counts, finished, elapsed)
+                if self.chaos and not killed:
+                    print("chaos: every order finished before a worker could be killed",
+                          file=self.out)
+                return True
+            if self.chaos and not killed and finished >= CHAOS_AT * self.orders:
+                victim, holding = pool.busiest(tally.locked_by())
+                replacement = pool.replace(victim)
+                progress.note(f"chaos: SIGKILL worker pid {victim} (holding {holding} tasks)"
+                              f" at {finished}/{self.orders} finished; started pid"
+                              f" {replacement} in its place")
+                killed = True
+            crashed = pool.crashed()
+            if crashed:
+                progress.note(f"worker pid {crashed[0]} exited on its own with status"
+                              f" {crashed[1]}: stopping")
+                return False
+            if elapsed > self.deadline:
+                progress.note(f"timed out after {self.deadline:g}s with"
+                              f" {self.orders - finished} orders unfinished")
+                return False
+            time.sleep(POLL)
+
+    def _header(self, service: RemoteService) -> None:
+        f = self.faults
+        print(f"sasflow demo: {self.orders} orders ({len(self.declined)} with a declined card),"
+              f" {self.workers} workers, chaos {'on' if self.chaos else 'off'}", file=self.out)
+        print(f"  store   {self.store}", file=self.out)
+        print(f"  remote  {service.url}  faults: {f.transient:.0%} 503, {f.slow:.0%} slow"
+              f" ({f.slow_s:g}s, past the 2s step timeout), {f.lost:.0%} lost replies",
+              file=self.out)
+        print(f"  workers {' '.join(_worker_command())}", file=self.out, flush=True)
+
+    # ------------------------------------------------------------ outcome
+    def _result(self, tally: _Tally, service: RemoteService) -> DemoResult:
+        stats = service.stats()
+        units, dispatches, failures = tally.units()
+        result = DemoResult(orders=self.orders, states=tally.counts(), units_started=units,
+                            dispatches=dispatches, failures=failures,
+                            recoveries=tally.recoveries(), alerts=tally.alerts(),
+                            remote=stats, declined=len(self.declined))
+        problems = result.problems
+        if result.finished < self.orders:
+            problems.append(f"{self.orders - result.finished} orders did not finish")
+        if stats["duplicate_effects"]:
+            problems.append(f"{stats['duplicate_effects']} effects were applied twice")
+        states = tally.states()
+        with httpx.Client(base_url=service.url, timeout=10.0) as client:
+            for n in range(1, self.orders + 1):
+                state = states.get(f"{self.prefix}{n}")
+                if n in self.declined:
+                    expected = ["reserve", "release"]
+                    if state != TaskState.COMPENSATED.value:
+                        problems.append(f"declined order {n} ended {state}, not compensated")
+                        continue
+                elif state == TaskState.PROCESSED.value:
+                    expected = ["reserve", "charge", "ship"]
+                else:
+                    continue  # undone after repeated failures: no duplicates is the check
+                effects = client.get("/effects", params={"order_id": n}).json()
+                if effects != expected:
+                    problems.append(f"order {n} ({state}): remote effects {effects},"
+                                    f" expected {expected}")
+        return result
+
+    def _table(self, r: DemoResult, elapsed: float) -> None:
+        faults = r.remote["faults"]
+        rows: list[tuple[str, object, str]] = [
+            ("orders", r.orders, f"{r.finished} finished in {elapsed:.1f}s"),
+            ("  processed", r.states.get("processed", 0), ""),
+            ("  compensated", r.states.get("compensated", 0),
+             f"{r.declined} declined cards, each reserve released"),
+            ("  error", r.states.get("error", 0), f"{r.alerts} operator alerts"),
+            ("  cancelled", r.states.get("cancelled", 0), ""),
+        ]
+        unfinished = sum(r.states.get(s, 0) for s in _OPEN)
+        if unfinished:
+            rows.append(("  unfinished", unfinished, ""))
+        rows += [
+            ("retries", r.retries, f"steps dispatched again ({r.dispatches} dispatches of"
+                                   f" {r.units_started} units); {r.failures} failures counted"),
+            ("supervisor recoveries", r.recoveries, "expired complete-by times acted on"),
+            ("remote requests", r.remote["requests"],
+             f"faults: {faults['transient']} 503, {faults['slow']} slow,"
+             f" {faults['lost']} lost, {faults['declined']} declined"),
+            ("remote effects", r.remote["effects"], _by_operation(r.remote)),
+            ("deduplicated requests", r.remote["deduplicated"],
+             "retries answered from the idempotency store"),
+            ("duplicate effects", r.remote["duplicate_effects"], "must be 0"),
+        ]
+        print(file=self.out)
+        for label, value, note in rows:
+            print(f"  {label:<24}{value:>6}   {note}".rstrip(), file=self.out)
+        print(file=self.out)
+        if r.problems:
+            for problem in r.problems:
+                print(f"FAILED: {problem}", file=self.out)
+        else:
+            print("OK: every order finished, no effect was applied twice, every declined"
+                  " order was undone", file=self.out)
+        self.out.flush()
+
+
+def _by_operation(remote: Mapping[str, Any]) -> str:
+    return ", ".join(f"{op} {n}" for op, n in remote["effects_by_operation"].items())
+
+
+# ---------------------------------------------------------------- the store, read directly
+class _Tally:
+    """Read-only queries on the store file, limited to this run's tasks."""
+
+    def __init__(self, path: str, prefix: str) -> None:
+        self.conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        self.conn.execute("PRAGMA query_only = 1")
+        self.like = prefix + "%"
+
+    def __enter__(self) -> _Tally:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.close()
+
+    def _rows(self, sql: str) -> list[Any]:
+        return self.conn.execute(sql, (self.like,)).fetchall()
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._rows(
+            "SELECT state, COUNT(*) FROM tasks WHERE task_id LIKE ? GROUP BY state"))
+
+    def states(self) -> dict[str, str]:
+        return dict(self._rows("SELECT task_id, state FROM tasks WHERE task_id LIKE ?"))
+
+    def locked_by(self) -> list[str]:
+        return [r[0] for r in self._rows(
+            "SELECT locked_by FROM tasks WHERE task_id LIKE ? AND locked_by IS NOT NULL")]
+
+    def units(self) -> tuple[int, int, int]:
+        """Units (steps and compensations) started, their dispatches, their failures."""
+        started, dispatches, failures = self._rows(
+            "SELECT COUNT(*), COALESCE(SUM(attempts), 0), COALESCE(SUM(failure_count), 0)"
+            " FROM steps WHERE task_id LIKE ? AND attempts > 0")[0]
+        return int(started), int(dispatches), int(failures)
+
+    def recoveries(self) -> int:
+        # the planner words a supervisor's expiry "<step>: expired (<n>x): <what it did>"
+        return int(self._rows(
+            "SELECT COUNT(*) FROM history WHERE task_id LIKE ? AND step IS NULL"
+            " AND why LIKE '%: expired (%'")[0][0])
+
+    def alerts(self) -> int:
+        return int(self._rows("SELECT COUNT(*) FROM alerts WHERE task_id LIKE ?")[0][0])
+
+
+# ---------------------------------------------------------------- worker processes
+def _worker_command() -> list[str]:
+    if importlib.util.find_spec("sasflow.cli") is not None:
+        return [sys.executable, "-m", "sasflow.cli", "worker", APP_REF,
+                "--supervisor-interval", str(SUPERVISOR_INTERVAL)]
+    module, attribute = APP_REF.split(":")
+    return [sys.executable, "-c", f"import {module} as m; m.{attribute}.run("
+                                  f"supervisor_interval={SUPERVISOR_INTERVAL})"]
+
+
+class _Workers:
+    """The worker processes, each logging to its own file; always stopped on exit."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env, self.logs = env, logs
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.killed: set[int] = set()
+        self._files: list[Path] = []
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> int:
+        log = self.logs / f"worker-{len(self._files) + 1}.log"
+        self._files.append(log)
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(_worker_command(), env=self.env, stdin=subprocess.DEVNULL,
+                                    stdout=sink, stderr=subprocess.STDOUT)
+        self.procs[proc.pid] = proc
+        return proc.pid
+
+    def busiest(self, locked_by: list[str]) -> tuple[int, int]:
+        """The live worker holding the most tasks (instance ids embed the pid)."""
+        live = [pid for pid, p in self.procs.items() if p.poll() is None]
+        held = {pid: sum(f"-{pid}-" in owner for owner in locked_by) for pid in live}
+        victim = max(live, key=lambda pid: held[pid])
+        return victim, held[victim]
+
+    def replace(self, pid: int) -> int:
+        self.killed.add(pid)
+        self.procs[pid].send_signal(signal.SIGKILL)
+        self.procs[pid].wait()
+        return self.start()
+
+    def crashed(self) -> tuple[int, int] | None:
+        for pid, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None and pid not in self.killed:
+                return pid, code
+        return None
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every worker, then SIGKILL whichever is still running after `grace`."""
+        running = [p for p in self.procs.values() if p.poll() is None]
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+        end = time.monotonic() + grace
+        for proc in running:
+            try:
+                proc.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def print_logs(self, out: TextIO, lines: int = 20) -> None:
+        for log in self._files:
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            if tail:
+                print(f"--- {log.name} (last {len(tail)} lines)", file=out)
+                print("\n".join(tail), file=out)
+
+
+# ---------------------------------------------------------------- the progress line
+class _Progress:
+    """One line redrawn in place on a terminal; a line a second otherwise."""
+
+    def __init__(self, out: TextIO, total: int) -> None:
+        self.out, self.total = out, total
+        self.tty = out.isatty()
+        self.last = -1.0
+        self.drawn = False
+
+    def _line(self, counts: Mapping[str, int], finished: int, elapsed: float) -> str:
+        width = 20
+        filled = width * finished // self.total
+        parts = " ".join(f"{s} {counts[s]}" for s in (*_OPEN, *_TERMINAL) if counts.get(s))
+        return (f"{elapsed:5.1f}s [{'#' * filled}{'.' * (width - filled)}]"
+                f" {finished}/{self.total}  {parts}")
+
+    def show(self, counts: Mapping[str, int], finished: int, elapsed: float) -> None:
+        if self.tty:
+            self.out.write(f"\r\x1b[K{self._line(counts, finished, elapsed)}")
+            self.drawn = True
+        elif elapsed - self.last >= 1.0:
+            self.out.write(self._line(counts, finished, elapsed) + "\n")
+            self.last = elapsed
+        self.out.flush()
+
+    def done(self, counts: Mapping[str, int], finished: int, elapsed: float) -> None:
+        if self.tty:
+            self.out.write("\n")
+        else:
+            self.out.write(self._line(counts, finished, elapsed) + "\n")
+        self.drawn = False
+        self.out.flush()
+
+    def note(self, message: str) -> None:
+        if self.drawn:
+            self.out.write("\r\x1b[K")
+            self.drawn = False
+        self.out.write(message + "\n")
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def _unused() -> Iterator[None]:  # pragma: no cover
+    yield
