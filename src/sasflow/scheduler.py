@@ -41,7 +41,7 @@ class Scheduler:
         self.concurrency = concurrency
         self.on_applied = on_applied
         self.reply_queue = reply_queue(instance_id)
-        self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply]]] = {}
+        self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply | None]]] = {}
         self._drivers: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
 
@@ -100,17 +100,19 @@ class Scheduler:
         while task.locked_by == self.instance_id and task.state in (
                 TaskState.PROCESSING, TaskState.COMPENSATING):
             request = self._request(task)
-            future: asyncio.Future[Reply] = loop.create_future()
+            future: asyncio.Future[Reply | None] = loop.create_future()
             self._waiting[task.task_id] = (task.epoch, request.step, request.phase, future)
+            # a plain timer, not asyncio.timeout(): this runs once per step
+            delay = max(0.0, request.complete_by - self.store.now())
+            timer = loop.call_later(delay, _give_up, future)
             try:
                 await self.transport.publish(agent_queue(request.agent), encode(request))
-                delay = request.complete_by - self.store.now()
-                async with asyncio.timeout(max(0.0, delay)):
-                    reply = await future
-            except TimeoutError:
-                return  # E7: the record stays as it is, expired; the supervisor takes over
+                reply = await future
             finally:
+                timer.cancel()
                 self._waiting.pop(task.task_id, None)
+            if reply is None:
+                return  # E7: the record stays as it is, expired; the supervisor takes over
             transition = plan.reply(task, self.instance_id, reply.ok, reply.result, reply.error,
                                     self.store.now(), permanent=reply.permanent)
             if not await self.store.apply(transition):
@@ -140,3 +142,9 @@ class Scheduler:
         if (reply.epoch, reply.step, reply.phase) != (epoch, step, phase) or future.done():
             return  # stale: from an earlier claim, or a duplicate delivery
         future.set_result(reply)
+
+
+def _give_up(future: asyncio.Future[Reply | None]) -> None:
+    """The unit's complete-by passed without a reply."""
+    if not future.done():
+        future.set_result(None)
