@@ -121,7 +121,12 @@ class AgentRuntime:
 
     def _handler(self, agent: AgentFunction) -> Callable[[bytes], Any]:
         async def handle(body: bytes) -> None:
-            await self.handle(agent, decode_request(body))
+            try:
+                request = decode_request(body)
+            except msgspec.DecodeError as error:  # redelivering it would not help
+                log.error("agent %s: dropping a malformed request: %s", agent.name, error)
+                return
+            await self.handle(agent, request)
         return handle
 
     async def handle(self, agent: AgentFunction, request: Request) -> None:

@@ -71,7 +71,12 @@ class Scheduler:
             claimed: list[Task] = []
             if free > 0:
                 self._wake.clear()
-                claimed = await self.store.claim(self.instance_id, free, self.plans)
+                try:
+                    claimed = await self.store.claim(self.instance_id, free, self.plans)
+                except Exception:  # the store hiccupped: try again after a pause
+                    log.exception("claim failed")
+                    await asyncio.sleep(_IDLE_POLL_MAX)
+                    continue
                 for task in claimed:
                     driver = asyncio.create_task(self._drive(task))
                     self._drivers.add(driver)

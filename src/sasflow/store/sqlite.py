@@ -154,7 +154,7 @@ class SQLiteStore:
             return []
         probe = sql.probe_claimable(len(names))
         now = self.now()
-        found = await self._read(lambda c: c.execute(probe, (now, *names)).fetchone())
+        found = self._reader().execute(probe, (now, *names)).fetchone()  # an index probe
         if found is None:  # nothing to do: do not take the write lock at all
             return []
 
