@@ -89,6 +89,19 @@ class Plan:
                           why=f"{name} completed, all steps done",
                           events=[("step_completed", name), ("processed", None)])
 
+    def release(self, task: Task, owner: str, now: float) -> Transition:
+        """A scheduler shutting down hands its task back, counting no failure."""
+        fence = _Fence(task, owner=owner)
+        undoing = task.state is TaskState.COMPENSATING
+        name = task.steps[task.cursor].name
+        if undoing:
+            unit = self._undo_unit(task, StepState.PENDING)
+        else:
+            unit = self._unit(task, StepState.PENDING)
+        return self._move(task, fence, task.state if undoing else TaskState.PENDING, owner, now,
+                          units=[unit], locked_by=None, available_at=now,
+                          why=f"{name}: released by {owner} on shutdown")
+
     # ------------------------------------------------------------ supervisor
     def expire(self, task: Task, supervisor: str, now: float) -> Transition:
         """The unit at the cursor ran past its complete-by (E9, S8, M3).

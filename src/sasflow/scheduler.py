@@ -41,6 +41,7 @@ class Scheduler:
         self.concurrency = concurrency
         self.on_applied = on_applied
         self.reply_queue = reply_queue(instance_id)
+        self._held: dict[str, Task] = {}  # the tasks this instance drives, by id
         self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply | None]]] = {}
         self._drivers: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
@@ -63,6 +64,18 @@ class Scheduler:
             for driver in list(self._drivers):
                 driver.cancel()
             await asyncio.gather(consumer, *self._drivers, return_exceptions=True)
+            await self._release_held()
+
+    async def _release_held(self) -> None:
+        """On shutdown, hand held tasks back at once instead of letting them expire."""
+        now = self.store.now()
+        transitions = [self.plans[t.workflow].release(t, self.instance_id, now)
+                       for t in self._held.values() if t.locked_by == self.instance_id]
+        self._held.clear()
+        if transitions:
+            results = await asyncio.gather(*(self.store.apply(t) for t in transitions),
+                                           return_exceptions=True)
+            log.info("released %d task(s) on shutdown", sum(r is True for r in results))
 
     async def _claim_loop(self) -> None:
         idle = 0.005
@@ -102,6 +115,14 @@ class Scheduler:
         """Run the task's units one after another while this instance holds it."""
         plan = self.plans[task.workflow]
         loop = asyncio.get_running_loop()
+        self._held[task.task_id] = task
+        try:
+            await self._run_units(task, plan, loop)
+        finally:
+            if task.locked_by != self.instance_id:
+                self._held.pop(task.task_id, None)
+
+    async def _run_units(self, task: Task, plan: Plan, loop: asyncio.AbstractEventLoop) -> None:
         while task.locked_by == self.instance_id and task.state in (
                 TaskState.PROCESSING, TaskState.COMPENSATING):
             request = self._request(task)
@@ -116,13 +137,15 @@ class Scheduler:
             finally:
                 timer.cancel()
                 self._waiting.pop(task.task_id, None)
-            if reply is None:
-                return  # E7: the record stays as it is, expired; the supervisor takes over
+            if reply is None:  # E7: the record stays as it is, expired; the supervisor acts
+                task.locked_by = None
+                return
             transition = plan.reply(task, self.instance_id, reply.ok, reply.result, reply.error,
                                     self.store.now(), permanent=reply.permanent)
             if not await self.store.apply(transition):
                 log.info("task %s was taken away (epoch %s): letting go", task.task_id,
                          transition.epoch)
+                task.locked_by = None
                 return
             self.on_applied(transition)
 
