@@ -28,7 +28,7 @@ import msgspec
 
 from sasflow.breaker import CircuitBreaker
 from sasflow.errors import ConfigurationError, PermanentError
-from sasflow.messages import Reply, Request, decode_request, encode
+from sasflow.messages import Reply, Request, decode_request, encode, refuse_non_finite
 from sasflow.model import Phase
 from sasflow.resilience import RetryPolicy, call_with_retries
 from sasflow.transport.base import Transport, agent_queue
@@ -177,6 +177,8 @@ class AgentRuntime:
                       permanent=permanent)
         try:
             body = encode(reply)
+            if b"null" in body:
+                refuse_non_finite(result)
         except (TypeError, msgspec.EncodeError) as exc:
             reply = Reply(task_id=request.task_id, step=request.step, phase=request.phase,
                           epoch=request.epoch, ok=False, permanent=True,

@@ -18,8 +18,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-import msgspec
-
 from sasflow.agent import AgentFunction, AgentRequest
 from sasflow.errors import (
     ConfigurationError,
@@ -29,7 +27,7 @@ from sasflow.errors import (
     UnknownWorkflowError,
     WaitTimeout,
 )
-from sasflow.messages import Status, decode_status, encode
+from sasflow.messages import Status, decode_status, encode_json_value
 from sasflow.model import Task, TaskState, idempotency_key
 from sasflow.plan import Plan
 from sasflow.portal import Portal
@@ -160,8 +158,8 @@ class App:
                                      or not reply_to.isprintable()):
             raise PayloadError(f"reply_to must be a queue name, got {reply_to!r}")
         try:
-            body = encode(input)
-        except (TypeError, msgspec.EncodeError) as error:
+            body = encode_json_value(input)
+        except TypeError as error:
             raise PayloadError(f"input is not JSON-serialisable: {error}",
                                task_id=task_id) from None
         if len(body) > self.max_payload_bytes:

@@ -6,13 +6,23 @@ JSON on the wire (msgspec), so any broker and any language can read it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
 
 from sasflow.model import Phase
 
-__all__ = ["Reply", "Request", "Status", "decode_reply", "decode_request", "encode"]
+__all__ = [
+    "Reply",
+    "Request",
+    "Status",
+    "decode_reply",
+    "decode_request",
+    "encode",
+    "encode_json_value",
+    "refuse_non_finite",
+]
 
 
 class Request(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -68,3 +78,27 @@ encode = _encoder.encode
 decode_request = _request_decoder.decode
 decode_reply = _reply_decoder.decode
 decode_status = _status_decoder.decode
+
+
+def encode_json_value(value: Any) -> bytes:
+    """`value` as JSON, or TypeError if it has no faithful JSON form.
+
+    msgspec writes NaN and infinities as null; a task's input or a step's result
+    must come back as it went in, so those are refused. The check costs a second
+    look only when the output holds a null at all.
+    """
+    try:
+        body = _encoder.encode(value)
+    except msgspec.EncodeError as error:
+        raise TypeError(str(error)) from None
+    if b"null" in body:
+        refuse_non_finite(value)
+    return body
+
+
+def refuse_non_finite(value: Any) -> None:
+    """TypeError if `value` holds a NaN or an infinity (which JSON cannot carry)."""
+    try:
+        json.dumps(value, allow_nan=False, default=str)
+    except ValueError:
+        raise TypeError("NaN and infinity have no JSON form") from None

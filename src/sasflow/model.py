@@ -6,6 +6,7 @@ the rules live in one place (SPEC S2, E2, S9)::
     task:  pending ──claim──▶ processing ──all steps done──▶ processed
               ▲                  │  │ └─nontransient / exhausted──▶ error ◀──┐
               └──release─────────┘  └──undo──▶ compensating ──▶ compensated│
+                                         (nothing to undo: straight to compensated)
                                                └──compensation exhausted───┘
            pending | processing | error ──cancel──▶ cancelled
 
@@ -73,14 +74,17 @@ TERMINAL_TASK_STATES = frozenset(
 
 _T = TaskState
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    _T.PENDING: frozenset({_T.PROCESSING, _T.COMPENSATING, _T.ERROR, _T.CANCELLED}),
+    # -> compensated directly: an undo was asked for and there was nothing to undo
+    _T.PENDING: frozenset(
+        {_T.PROCESSING, _T.COMPENSATING, _T.COMPENSATED, _T.ERROR, _T.CANCELLED}
+    ),
     # processing -> pending is the supervisor's release; -> compensating is a saga
     _T.PROCESSING: frozenset(
-        {_T.PENDING, _T.PROCESSED, _T.ERROR, _T.COMPENSATING, _T.CANCELLED}
+        {_T.PENDING, _T.PROCESSED, _T.ERROR, _T.COMPENSATING, _T.COMPENSATED, _T.CANCELLED}
     ),
     _T.COMPENSATING: frozenset({_T.COMPENSATING, _T.COMPENSATED, _T.ERROR}),
     # error is terminal until an operator acts on it (E8)
-    _T.ERROR: frozenset({_T.PENDING, _T.COMPENSATING, _T.CANCELLED}),
+    _T.ERROR: frozenset({_T.PENDING, _T.COMPENSATING, _T.COMPENSATED, _T.CANCELLED}),
     _T.PROCESSED: frozenset(),
     _T.COMPENSATED: frozenset(),
     _T.CANCELLED: frozenset(),
