@@ -1,0 +1,91 @@
+"""The ``sasflow`` command line (CONTRACT "Command line", SPEC U1, U3).
+
+Noun-verb commands, every option also an environment variable. Exit status 0
+on success, 2 on a usage error, 1 on any other failure; an error is one line on
+stderr (``sasflow: error: ...``), never a traceback (set SASFLOW_DEBUG=1 to
+see one for an unexpected error).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import NoReturn
+
+import click
+
+from sasflow.cli.commands import demo, submit, worker
+from sasflow.cli.operate import alerts, tasks
+from sasflow.errors import SasflowError
+
+__all__ = ["cli", "main", "run"]
+
+USAGE_ERROR = 2
+FAILURE = 1
+
+
+@click.group(context_settings={"auto_envvar_prefix": "SASFLOW",
+                               "help_option_names": ["-h", "--help"],
+                               "max_content_width": 100})
+@click.version_option(package_name="sasflow", message="%(prog)s %(version)s")
+def cli() -> None:
+    """sasflow: durable, self-healing multi-step tasks (Scheduler-Agent-Supervisor).
+
+    APP names your application: MODULE:ATTRIBUTE (importable from the current
+    directory) or PATH.py:ATTRIBUTE.
+    """
+
+
+for command in (demo, worker, submit, tasks, alerts):
+    cli.add_command(command)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the command line and return its exit status instead of exiting."""
+    try:
+        result = cli.main(args=argv, prog_name="sasflow", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as error:  # `sasflow tasks`: show the help
+        click.echo(error.format_message(), err=True)
+        return USAGE_ERROR
+    except click.UsageError as error:
+        hint = f" (see '{error.ctx.command_path} --help')" if error.ctx is not None else ""
+        return _fail(error.format_message().rstrip(".") + hint, USAGE_ERROR)
+    except click.ClickException as error:
+        return _fail(error.format_message(), error.exit_code)
+    except click.Abort:
+        return _fail("aborted")
+    except KeyboardInterrupt:
+        return _fail("interrupted")
+    except SasflowError as error:
+        return _fail(str(error))
+    except OSError as error:
+        if error.errno == errno.EPIPE:  # `sasflow tasks list | head`: the reader left
+            _silence_stdout()
+            return FAILURE
+        return _fail(str(error))
+    except Exception as error:
+        if os.environ.get("SASFLOW_DEBUG"):
+            traceback.print_exc()
+        return _fail(f"unexpected {type(error).__name__}: {error}")
+    # an int comes from ctx.exit(status) (the demo's status); commands return None
+    return result if isinstance(result, int) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The console script's entry point."""
+    sys.exit(run(argv))
+
+
+def _fail(message: str, status: int = FAILURE) -> int:
+    one_line = " ".join(message.split()) or "failed"
+    click.echo(f"sasflow: error: {one_line}", err=True)
+    return status
+
+
+def _silence_stdout() -> None:
+    # the interpreter flushes stdout at exit, which would raise EPIPE again
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

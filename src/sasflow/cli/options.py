@@ -1,0 +1,91 @@
+"""Options shared by several commands, each also an environment variable (STYLE 13).
+
+Options without an explicit variable get one from click's automatic prefix:
+``sasflow tasks list --limit`` reads ``SASFLOW_TASKS_LIST_LIMIT``. Every option
+shows its variable in ``--help``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from sasflow.app import DEFAULT_STORE
+from sasflow.cli.app_ref import APP_REF, AppRef
+
+__all__ = [
+    "CommaList",
+    "Connection",
+    "app_option",
+    "connection_options",
+    "option",
+    "store_option",
+    "transport_option",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def option(*decls: str, **attrs: Any) -> Callable[[F], F]:
+    """click.option that always shows its environment variable in --help."""
+    attrs.setdefault("show_envvar", True)
+    return click.option(*decls, **attrs)
+
+
+class CommaList(click.ParamType[tuple[str, ...], Any]):
+    """``a,b,c`` -> ("a", "b", "c"); with `choices`, each item must be one of them."""
+
+    name = "NAME,..."
+
+    def __init__(self, choices: Sequence[str] | None = None) -> None:
+        self.choices = tuple(choices) if choices is not None else None
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        items = tuple(dict.fromkeys(v.strip() for v in str(value).split(",") if v.strip()))
+        if not items:
+            self.fail("give at least one name", param, ctx)
+        if self.choices is not None:
+            unknown = [v for v in items if v not in self.choices]
+            if unknown:
+                self.fail(f"unknown {', '.join(map(repr, unknown))}"
+                          f" (choose from {', '.join(self.choices)})", param, ctx)
+        return items
+
+
+def store_option(f: F) -> F:
+    return option("--store", metavar="URL", envvar="SASFLOW_STORE",
+                  help="State store: sqlite:///PATH or postgresql://... Overrides the app's"
+                       f" own; without either, {DEFAULT_STORE}.")(f)
+
+
+def transport_option(f: F) -> F:
+    return option("--transport", metavar="URL", envvar="SASFLOW_TRANSPORT",
+                  help="Message transport: memory (in-process, the default), amqp://...,"
+                       " redis://... Overrides the app's own.")(f)
+
+
+def app_option(f: F) -> F:
+    return option("--app", "app_ref", metavar="APP", type=APP_REF, envvar="SASFLOW_APP",
+                  help="The application, MODULE:ATTRIBUTE or PATH.py:ATTRIBUTE.")(f)
+
+
+def connection_options(f: F) -> F:
+    """--app and --store, accepted on a command group and on each of its commands."""
+    return app_option(store_option(f))
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Which app and store an operator command works on (from the group or the command)."""
+
+    app_ref: AppRef | None = None
+    store: str | None = None
+
+    def merged(self, app_ref: AppRef | None, store: str | None) -> Connection:
+        return Connection(app_ref=app_ref or self.app_ref, store=store or self.store)
