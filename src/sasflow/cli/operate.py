@@ -47,7 +47,7 @@ def _connection(ctx: click.Context, app_ref: AppRef | None, store: str | None, *
 def _run(conn: Connection, work: Callable[[App | None, Store], Coroutine[Any, Any, T]]) -> T:
     """Run `work` against the app's store (with --app) or the store alone, then close it."""
     if conn.app_ref is None:
-        store = open_store(conn.store or DEFAULT_STORE)
+        store = open_store(conn.store or DEFAULT_STORE, create=False)
 
         async def alone() -> T:
             try:

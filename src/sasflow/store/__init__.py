@@ -10,12 +10,17 @@ from sasflow.store.base import Store
 __all__ = ["Store", "open_store"]
 
 
-def open_store(url: str, *, clock: Callable[[], float] | None = None) -> Store:
-    """The store a URL names: ``sqlite:///path`` or ``postgresql://...``."""
+def open_store(url: str, *, clock: Callable[[], float] | None = None,
+               create: bool = True) -> Store:
+    """The store a URL names: ``sqlite:///path`` or ``postgresql://...``.
+
+    With ``create=False`` a store that does not exist yet is an error rather than
+    a new empty one (for commands that only read).
+    """
     if url.startswith("sqlite:"):
         from sasflow.store.sqlite import SQLiteStore
 
-        return SQLiteStore.from_url(url, clock=clock)
+        return SQLiteStore.from_url(url, clock=clock, create=create)
     if url.startswith(("postgresql:", "postgres:")):
         raise ConfigurationError("the PostgreSQL store is not available in this version")
     raise ConfigurationError(

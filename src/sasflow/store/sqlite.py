@@ -51,9 +51,11 @@ class SQLiteStore:
     """Tasks, steps, history, alerts, outbox and leases in one SQLite file."""
 
     def __init__(self, path: str, *, synchronous: str = "normal",
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, create: bool = True) -> None:
         if path in ("", ":memory:"):
             raise ConfigurationError("the SQLite store needs a file path (sqlite:///PATH)")
+        if not create and not os.path.exists(path):
+            raise StoreError(f"no SQLite store at {os.path.abspath(path)}")
         level = _SYNCHRONOUS.get(synchronous.lower())
         if level is None:
             raise ConfigurationError(
@@ -68,13 +70,15 @@ class SQLiteStore:
                               after_rollback=self._deferred.clear)
 
     @classmethod
-    def from_url(cls, url: str, *, clock: Callable[[], float] | None = None) -> SQLiteStore:
+    def from_url(cls, url: str, *, clock: Callable[[], float] | None = None,
+                 create: bool = True) -> SQLiteStore:
         parts = urlsplit(url)
         if parts.scheme != "sqlite" or parts.netloc:
             raise ConfigurationError(f"bad SQLite URL {url!r}: expected sqlite:///PATH")
         options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
-        return cls(path, synchronous=options.get("synchronous", "normal"), clock=clock)
+        return cls(path, synchronous=options.get("synchronous", "normal"), clock=clock,
+                   create=create)
 
     # ------------------------------------------------------------ connections
     def _connect(self) -> sqlite3.Connection:
