@@ -126,10 +126,12 @@ def test_unknown_task_id_exits_1_with_one_line_and_writes_nothing(
 
 
 def test_unreachable_store_exits_1_with_one_line(cli: Cli, tmp_path: Path) -> None:
+    """Reading a store that is not there is an error, and creates nothing."""
     missing = tmp_path / "no-such-dir" / "tasks.db"
     result = cli("tasks", "list", "--store", f"sqlite:///{missing}")
     assert result.status == FAILURE
-    assert f"cannot open SQLite store {missing}" in result.one_error_line()
+    assert f"no SQLite store at {missing}" in result.one_error_line()
+    assert not missing.parent.exists()
     bad_url = cli("tasks", "list", "--store", "mysql://localhost/tasks")
     assert bad_url.status == FAILURE
     assert "unknown store URL 'mysql://localhost/tasks'" in bad_url.one_error_line()
