@@ -80,10 +80,10 @@ class Scheduler:
     async def _claim_loop(self) -> None:
         idle = 0.005
         while True:
+            # cleared before looking, so a wake-up that comes while we look is kept
+            self._wake.clear()
             free = self.concurrency - len(self._drivers)
-            claimed: list[Task] = []
             if free > 0:
-                self._wake.clear()
                 try:
                     claimed = await self.store.claim(self.instance_id, free, self.plans)
                 except Exception:  # the store hiccupped: try again after a pause
@@ -94,14 +94,13 @@ class Scheduler:
                     driver = asyncio.create_task(self._drive(task))
                     self._drivers.add(driver)
                     driver.add_done_callback(self._driver_done)
-            if claimed and len(claimed) == free:
-                idle = 0.005
-                continue  # there may be more: come back when a slot frees
-            if claimed:
-                idle = 0.005
+                if claimed:
+                    idle = 0.005
+                    if len(claimed) == free:
+                        continue  # there may be more: come back when a slot frees
             try:
                 async with asyncio.timeout(idle):
-                    await self._wake.wait()
+                    await self._wake.wait()  # work submitted or released here, or a free slot
             except TimeoutError:
                 idle = min(idle * 2, _IDLE_POLL_MAX)
 

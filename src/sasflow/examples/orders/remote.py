@@ -184,6 +184,9 @@ def _parse_call(raw: bytes) -> tuple[OrderId, Json] | None:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive; every reply carries Content-Length
     timeout = 30  # an idle keep-alive connection must not pin a thread forever
+    # headers and body go out in two writes: without this, Nagle's algorithm and the
+    # client's delayed ACK hold every reply on a kept-alive connection ~40 ms
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
