@@ -1,0 +1,257 @@
+"""The chaos scenarios' world: real worker processes over one SQLite file.
+
+A Cluster is one scenario's world: a fresh store file, an effects file the
+agents append to (see apps/chaosapp.py), an App in the test process to submit
+tasks, and the worker processes it spawned. Every wait is bounded and fails
+with the store's state and the workers' logs; every process is killed at
+teardown, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import chaosapp
+import pytest
+
+APPS = Path(__file__).parent
+
+T = TypeVar("T")
+
+ALL_ROLES = ("scheduler", "agent", "supervisor")
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One line of the effects file."""
+
+    event: str  # start | end | hang
+    task: str
+    step: str
+    phase: str  # do | undo
+    key: str
+    pid: int
+    at: float
+
+
+@dataclass(frozen=True)
+class History:
+    """One row of the store's history table."""
+
+    id: int
+    task_id: str
+    step: str | None
+    phase: str | None
+    at: float
+    actor: str
+    epoch: int
+    from_state: str | None
+    to_state: str
+    why: str | None
+
+    @property
+    def expiry(self) -> bool:
+        """A supervisor's recovery of an expired task (a task row, not a unit row)."""
+        return self.step is None and "expired" in (self.why or "")
+
+
+class Worker:
+    """A worker process running chaosapp.py with some roles."""
+
+    def __init__(self, name: str, popen: subprocess.Popen[bytes], log: Path) -> None:
+        self.name = name  # also its instance id
+        self.popen = popen
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.kill(self.pid, sig)
+
+    def stop(self) -> float:
+        """SIGSTOP, and wait until the kernel shows it stopped; returns when it was."""
+        os.kill(self.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while self._proc_state() != "T":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} did not stop on SIGSTOP")
+            time.sleep(0.001)
+        return time.time()
+
+    def resume(self) -> float:
+        """SIGCONT; returns a time before it could run again."""
+        at = time.time()
+        os.kill(self.pid, signal.SIGCONT)
+        return at
+
+    def _proc_state(self) -> str:
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2]
+
+    def kill(self) -> float:
+        """SIGKILL and reap; returns a time by which it was certainly dead."""
+        if self.alive:
+            os.kill(self.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
+        return time.time()
+
+    def tail(self, lines: int = 400) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except FileNotFoundError:
+            text = []
+        state = "running" if self.alive else f"exited {self.popen.returncode}"
+        return f"--- {self.name} (pid {self.pid}, {state}) ---\n" + "\n".join(text)
+
+
+class Cluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.store_url = f"sqlite:///{root / 'store.db'}"
+        self.db = root / "store.db"
+        self.effects_path = root / "effects.log"
+        self.effects_path.touch()
+        self.remote_url: str | None = None
+        self.workers: list[Worker] = []
+        self.app = chaosapp.build_app(self.store_url)
+        self.app.store  # noqa: B018 -- create and migrate the file before any worker opens it
+
+    # ------------------------------------------------------------ processes
+    def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
+              slow: float | None = None, hang_at: Iterable[str] = ()) -> Worker:
+        env = dict(os.environ)
+        env.update({chaosapp.EFFECTS_ENV: str(self.effects_path),
+                    chaosapp.PARENT_ENV: str(os.getpid()),
+                    chaosapp.HANG_ENV: ",".join(hang_at),
+                    "PYTHONUNBUFFERED": "1"})
+        if slow is not None:
+            env[chaosapp.SLOW_ENV] = str(slow)
+        if self.remote_url is not None:
+            env[chaosapp.REMOTE_ENV] = self.remote_url
+        log = self.root / f"{name}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, str(APPS / "chaosapp.py"), "--store", self.store_url,
+                 "--instance-id", name, "--roles", ",".join(roles),
+                 "--concurrency", str(concurrency), "--interval", str(chaosapp.INTERVAL)],
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        worker = Worker(name, popen, log)
+        self.workers.append(worker)
+        return worker
+
+    def close(self) -> None:
+        try:
+            for worker in self.workers:
+                if worker.alive:
+                    os.kill(worker.pid, signal.SIGKILL)  # also ends a SIGSTOPped process
+            for worker in self.workers:
+                worker.popen.wait(timeout=10)
+        finally:
+            self.app.close()
+
+    # ------------------------------------------------------------ tasks
+    def submit(self, workflow: str, inputs: dict[str, Any]) -> list[str]:
+        return [self.app.submit(workflow, payload, task_id=task_id)
+                for task_id, payload in inputs.items()]
+
+    # ------------------------------------------------------------ observation
+    def effects(self) -> list[Effect]:
+        found = []
+        for line in self.effects_path.read_text().splitlines():
+            event, task, step, phase, key, pid, at = line.split()
+            found.append(Effect(event, task, step, phase, key, int(pid), float(at)))
+        return found
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        conn = sqlite3.connect(self.db, timeout=30)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def states(self) -> Counter[str]:
+        return Counter(dict(self.query("SELECT state, COUNT(*) FROM tasks GROUP BY state")))
+
+    def tasks(self) -> dict[str, tuple[str, str | None, int, int]]:
+        """task_id -> (state, locked_by, failure_count, epoch)."""
+        rows = self.query("SELECT task_id, state, locked_by, failure_count, epoch FROM tasks")
+        return {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
+
+    def history(self) -> list[History]:
+        rows = self.query("SELECT id, task_id, step, phase, at, actor, epoch, from_state,"
+                          " to_state, why FROM history ORDER BY id")
+        return [History(*row) for row in rows]
+
+    def results(self, step: str) -> dict[str, Any]:
+        """task_id -> the committed result of `step`."""
+        rows = self.query("SELECT task_id, result FROM steps WHERE phase = 'do' AND name = ?",
+                          (step,))
+        return {r[0]: None if r[1] is None else json.loads(r[1]) for r in rows}
+
+    def lease(self) -> tuple[str, int] | None:
+        rows = self.query("SELECT holder, epoch FROM leases WHERE name = 'supervisor'")
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def all_in(self, states: Iterable[str], total: int) -> bool:
+        counts = self.states()
+        return sum(counts[s] for s in states) == total
+
+    def wait_for(self, what: str, condition: Callable[[], T], timeout: float,
+                 poll: float = 0.02) -> T:
+        """Poll `condition` until it is truthy; fail after `timeout` s saying what is missing."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}\n"
+                            f"{self.diagnostics()}", pytrace=False)
+            time.sleep(poll)
+
+    def in_flight(self, pid: int, step: str | None = None, phase: str = "do") -> set[str]:
+        """Tasks whose unit `pid` started and has not finished, by the effects file."""
+        started, ended = set(), set()
+        for e in self.effects():
+            if e.pid != pid or e.phase != phase or (step is not None and e.step != step):
+                continue
+            if e.event == "start":
+                started.add((e.task, e.step))
+            elif e.event == "end":
+                ended.add((e.task, e.step))
+        return {task for task, _ in started - ended}
+
+    def completions(self, to_state: str = "completed"
+                    ) -> Counter[tuple[str, str | None, str | None]]:
+        """How many times each (task, step, phase) unit moved to `to_state`, by the history."""
+        return Counter((h.task_id, h.step, h.phase) for h in self.history()
+                       if h.step is not None and h.to_state == to_state)
+
+    def diagnostics(self) -> str:
+        """The store's state, and each worker's log tail with its threads' stacks."""
+        for worker in self.workers:
+            if worker.alive:
+                worker.signal(signal.SIGCONT)
+                worker.signal(signal.SIGUSR1)
+                worker.signal(signal.SIGUSR2)
+        time.sleep(0.3)
+        lines = [f"task states: {dict(self.states())}", f"lease: {self.lease()}"]
+        lines += [worker.tail() for worker in self.workers]
+        return "\n".join(lines)
