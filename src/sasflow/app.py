@@ -8,7 +8,6 @@ private event loop (portal.py).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 import signal
@@ -69,7 +68,7 @@ class App:
         self._alert_callbacks: list[Callable[[Alert], None]] = []
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._lock = threading.Lock()
-        self._background: concurrent.futures.Future[None] | None = None
+        self._background: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ declarations
     def agent(self, name: str, *, attempts: int = 10, initial_wait: float = 0.05,
@@ -319,9 +318,10 @@ class App:
 
     async def arun(self, **options: Any) -> None:
         """Run scheduler, agents and supervisor in this event loop until cancelled."""
-        worker = self.worker(**options)
-        loop = asyncio.get_running_loop()
-        entry = (loop, worker)
+        await self._serve(self.worker(**options))
+
+    async def _serve(self, worker: Worker) -> None:
+        entry = (asyncio.get_running_loop(), worker)
         with self._lock:
             self._workers.append(entry)
         try:
@@ -349,30 +349,23 @@ class App:
         if self._background is not None:
             raise ConfigurationError("this app is already running in the background")
         worker = self.worker(**options)
-        started = threading.Event()
 
-        async def serve() -> None:
-            entry = (asyncio.get_running_loop(), worker)
-            with self._lock:
-                self._workers.append(entry)
-            started.set()
-            try:
-                await worker.run()
-            finally:
-                with self._lock:
-                    self._workers.remove(entry)
+        async def launch() -> asyncio.Task[None]:
+            return asyncio.create_task(self._serve(worker))
 
-        self._background = asyncio.run_coroutine_threadsafe(serve(), self._portal.loop)
-        started.wait()
+        self._background = self._portal.call(launch())
         return self
 
     def stop(self) -> None:
-        """Stop the background roles and close the store."""
+        """Stop the background roles (they hand back the tasks they hold) and close."""
         background, self._background = self._background, None
         if background is not None:
-            background.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                background.result(timeout=10)
+
+            async def halt() -> None:
+                background.cancel()
+                await asyncio.gather(background, return_exceptions=True)
+
+            self._portal.call(halt())
         self.close()
 
     def close(self) -> None:
