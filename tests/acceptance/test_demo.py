@@ -74,13 +74,19 @@ def test_sasflow_demo_command_with_chaos_leaves_every_order_terminal_in_its_stor
     with sqlite3.connect(db) as conn:
         states = dict(conn.execute("SELECT state, COUNT(*) FROM tasks GROUP BY state"))
         declined = conn.execute(
-            "SELECT state FROM tasks WHERE input LIKE '%\"declined\"%'").fetchall()
+            "SELECT t.state FROM tasks t JOIN orders o ON o.order_ref = t.task_id"
+            " WHERE o.card = 'declined'").fetchall()
+        orphans = conn.execute(  # E1: no order without its task, no task without its order
+            "SELECT (SELECT COUNT(*) FROM orders WHERE order_ref NOT IN"
+            " (SELECT task_id FROM tasks)) + (SELECT COUNT(*) FROM tasks WHERE task_id NOT IN"
+            " (SELECT order_ref FROM orders))").fetchone()[0]
         locked = conn.execute("SELECT COUNT(*) FROM tasks WHERE locked_by IS NOT NULL"
                               ).fetchone()[0]
     assert sum(states.values()) == ORDERS
     assert set(states) <= {"processed", "compensated", "error", "cancelled"}, states
     assert declined and {s for (s,) in declined} == {"compensated"}, declined
     assert locked == 0
+    assert orphans == 0
 
 
 def test_run_demo_refuses_bad_sizes_and_non_sqlite_stores(

@@ -22,14 +22,26 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
+import threading
 import weakref
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from sasflow import AgentRequest, App, PermanentError, Step
 
-__all__ = ["DEFAULT_REMOTE", "REMOTE_ENV", "RemoteUnavailable", "app", "build_app", "call_remote"]
+__all__ = [
+    "DEFAULT_REMOTE",
+    "ORDERS_SCHEMA",
+    "REMOTE_ENV",
+    "RemoteUnavailable",
+    "app",
+    "build_app",
+    "call_remote",
+    "read_order",
+]
 
 REMOTE_ENV = "SASFLOW_DEMO_REMOTE"
 DEFAULT_REMOTE = "http://127.0.0.1:8765"  # where `python -m sasflow.examples.orders.remote` listens
@@ -40,6 +52,33 @@ WORKFLOW = "process-order"
 # most of its time failing fast.
 _AGENT_OPTIONS: dict[str, Any] = {"attempts": 10, "initial_wait": 0.05, "max_wait": 0.5,
                                   "failure_threshold": 10, "reset_timeout": 1.0}
+
+
+# The application's own table, in the same SQLite file as the task records, so an
+# order and its task are written in one transaction (E1).
+ORDERS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS orders (
+    order_ref TEXT PRIMARY KEY,  -- = the task id
+    order_id  INTEGER NOT NULL,
+    amount    REAL NOT NULL,
+    card      TEXT NOT NULL
+)"""
+
+_readers = threading.local()
+
+
+def read_order(order_ref: str) -> dict[str, Any]:
+    """E4: an agent reads the order's details itself, by the task's id."""
+    db: sqlite3.Connection | None = getattr(_readers, "db", None)
+    if db is None:
+        url = os.environ.get("SASFLOW_STORE", "sqlite:///sasflow.db")
+        path = urlsplit(url).path.removeprefix("/")
+        db = _readers.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+    row = db.execute("SELECT order_id, amount, card FROM orders WHERE order_ref = ?",
+                     (order_ref,)).fetchone()
+    if row is None:
+        raise PermanentError(f"no order {order_ref}")
+    return {"order_id": row[0], "amount": row[1], "card": row[2]}
 
 
 class RemoteUnavailable(Exception):
@@ -97,7 +136,7 @@ def build_app(store: str | None = None) -> App:
     """The example application; `store` defaults to ``$SASFLOW_STORE``."""
     app = App(store=store)
 
-    # E4: each agent gets the order as the task's input and takes what it needs.
+    # E4: each agent gets the order's id and reads from the order what it needs.
     @app.agent("inventory", **_AGENT_OPTIONS)
     async def reserve(req: AgentRequest) -> Any:
         return await call_remote("reserve", req, {"order_id": req.input["order_id"]})
@@ -108,14 +147,14 @@ def build_app(store: str | None = None) -> App:
 
     @app.agent("payments", **_AGENT_OPTIONS)
     async def charge(req: AgentRequest) -> Any:
-        order = req.input
+        order = read_order(req.task_id)
         return await call_remote("charge", req, {"order_id": order["order_id"],
                                                  "amount": order["amount"],
                                                  "card": order["card"]})
 
     @charge.compensator
     async def refund(req: AgentRequest) -> Any:
-        order = req.input
+        order = read_order(req.task_id)
         return await call_remote("refund", req, {"order_id": order["order_id"],
                                                  "amount": order["amount"]})
 

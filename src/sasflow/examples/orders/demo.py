@@ -5,7 +5,9 @@ The runner plays the platform and the application, never the pattern's roles:
 1. it starts the flaky remote service in this process (real HTTP on loopback);
 2. it starts W worker processes (``sasflow worker``), each running a scheduler,
    the agents and a supervisor over one embedded SQLite store;
-3. it submits N orders, a few of them with a card that will be declined;
+3. it places N orders, a few of them with a card that will be declined: each
+   order row and its task are committed in one transaction (E1), and the task
+   carries only the order's id (E4);
 4. with ``chaos`` it SIGKILLs a worker mid-run and starts a replacement, as a
    platform restarts a dead process;
 5. it shows progress, then a table read from the store and the service, and
@@ -35,8 +37,9 @@ from typing import Any, TextIO
 
 import httpx
 
+from sasflow.app import App
 from sasflow.errors import SasflowError
-from sasflow.examples.orders.app import REMOTE_ENV, WORKFLOW, build_app
+from sasflow.examples.orders.app import ORDERS_SCHEMA, REMOTE_ENV, WORKFLOW, build_app
 from sasflow.examples.orders.remote import Faults, RemoteService
 from sasflow.model import TERMINAL_TASK_STATES, TaskState
 from sasflow.store.sqlite import SQLiteStore
@@ -139,8 +142,7 @@ class _Run:
                 started = time.monotonic()
                 for _ in range(self.workers):
                     pool.start()
-                for n in range(1, self.orders + 1):
-                    app.submit(WORKFLOW, self._order(n), task_id=f"{self.prefix}{n}")
+                self._place_orders(app, sqlite.path)
                 ok = self._watch(pool, tally, started)
                 elapsed = time.monotonic() - started
                 pool.stop()  # before reading the final numbers: nothing moves any more
@@ -152,9 +154,20 @@ class _Run:
         finally:
             app.close()
 
-    def _order(self, n: int) -> dict[str, Any]:
-        return {"order_id": n, "amount": round(5 + (n * 37 % 500) + n % 100 / 100, 2),
-                "card": "declined" if n in self.declined else "ok"}
+    def _place_orders(self, app: App, path: str) -> None:
+        """E1: each order row and its task commit together, in one transaction."""
+        with contextlib.closing(sqlite3.connect(path, timeout=30.0)) as db:
+            db.execute(ORDERS_SCHEMA)
+            db.commit()
+            for n in range(1, self.orders + 1):
+                order_ref = f"{self.prefix}{n}"  # TaskID = OrderID (E2)
+                amount = round(5 + (n * 37 % 500) + n % 100 / 100, 2)
+                card = "declined" if n in self.declined else "ok"
+                with db:  # commits both, or neither
+                    db.execute("INSERT INTO orders VALUES (?, ?, ?, ?)",
+                               (order_ref, n, amount, card))
+                    # E4: the task carries only the order's id; agents read the rest
+                    app.submit(WORKFLOW, {"order_id": n}, task_id=order_ref, connection=db)
 
     def _worker_env(self, remote: str) -> dict[str, str]:
         # every worker runs every role under its own name, whatever the caller's
