@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -43,6 +45,16 @@ __all__ = ["App"]
 
 DEFAULT_STORE = "sqlite:///sasflow.db"
 _MAX_TASK_ID = 200
+
+
+def new_task_id() -> str:
+    """A unique id that sorts by creation time (the layout of a UUIDv7, in hex).
+
+    Time-ordered ids keep the store's B-trees appending at their right edge instead
+    of touching a random page per insert, so each commit writes fewer pages.
+    """
+    millis = time.time_ns() // 1_000_000
+    return f"{millis:012x}{secrets.token_hex(10)}"
 
 
 def default_instance_id() -> str:
@@ -148,7 +160,7 @@ class App:
             known = ", ".join(sorted(self.workflows)) or "none"
             raise UnknownWorkflowError(f"unknown workflow {workflow!r} (declared: {known})")
         if task_id is None:
-            task_id = uuid.uuid4().hex
+            task_id = new_task_id()
         if not isinstance(task_id, str) or not task_id or len(task_id) > _MAX_TASK_ID or (
                 not task_id.isprintable()):
             raise PayloadError(f"task id must be 1-{_MAX_TASK_ID} printable characters,"
