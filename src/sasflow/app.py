@@ -365,7 +365,7 @@ class App:
         async def launch() -> asyncio.Task[None]:
             return asyncio.create_task(self._serve(worker))
 
-        self._background = self._portal.call(launch())
+        self._background = self._portal.run(launch())
         return self
 
     def stop(self) -> None:
@@ -377,13 +377,13 @@ class App:
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
 
-            self._portal.call(halt())
+            self._portal.run(halt())
         self.close()
 
     def close(self) -> None:
         if self._store is not None:
             store, self._store = self._store, None
-            self._portal.call(store.close())
+            self._portal.run(store.close())
         self._portal.close()
 
     def __enter__(self) -> App:

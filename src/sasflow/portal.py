@@ -39,7 +39,7 @@ class Portal:
             return self._loop
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run `coro` on the portal's loop and wait for its result."""
+        """Run `coro` on the portal's loop and wait for its result (sync callers only)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -47,6 +47,10 @@ class Portal:
         else:
             coro.close()
             raise RuntimeError("inside an event loop: use the async twin (await app.a...)")
+        return self.run(coro)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """`call` for quick lifecycle steps, which may also come from another event loop."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def close(self) -> None:

@@ -68,6 +68,7 @@ class SQLiteStore:
         self._deferred = _Deferred()
         self._writer = Writer(self._connect_writer, before_commit=self._deferred.flush,
                               after_rollback=self._deferred.clear)
+        self._checkpointer = _Checkpointer(self._connect)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Callable[[], float] | None = None,
@@ -96,6 +97,9 @@ class SQLiteStore:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise StoreError(f"cannot put {self.path} in WAL mode (got {mode})")
+        # the checkpointer thread copies the WAL back beside the writer; the writer's own
+        # checkpoint, now rare and with little left to copy, lets the WAL start over
+        conn.execute("PRAGMA wal_autocheckpoint = 4000")
         _migrate(conn)
         return conn
 
@@ -255,6 +259,41 @@ class SQLiteStore:
 
     def close_sync(self) -> None:
         self._writer.close()
+        self._checkpointer.close()
+
+
+class _Checkpointer:
+    """Copies the WAL back into the database file in a thread of its own.
+
+    SQLite's automatic checkpoint runs inside whichever commit crosses the
+    threshold, on the writer's critical path; here it runs beside it (and,
+    being C code that releases the GIL, on the other core). PASSIVE never blocks
+    a writer or a reader.
+    """
+
+    _EVERY_S = 0.1
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+        self._connect = connect
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sasflow-sqlite-checkpoint",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        conn = self._connect()
+        try:
+            while not self._stop.wait(self._EVERY_S):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error:  # busy or locked: the next round will do
+                    continue
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 # ---------------------------------------------------------------- row mapping
