@@ -29,6 +29,7 @@ __all__ = ["LEASE_NAME", "Supervisor"]
 log = logging.getLogger("sasflow.supervisor")
 
 LEASE_NAME = "supervisor"
+_EXPIRY_SLACK = 0.002  # seconds past a complete-by before looking: it must have passed
 
 
 class Supervisor:
@@ -51,12 +52,30 @@ class Supervisor:
         return max(3 * self.interval, 1.0)
 
     async def run(self) -> None:
+        """Every interval: renew (or try to take) the lease and, leading, sweep.
+
+        Between intervals the leader also wakes when the next complete-by falls
+        due, so an expiry is acted on within milliseconds, not up to an interval.
+        """
+        loop = asyncio.get_running_loop()
+        renew_at = loop.time()
         while True:
             try:
-                await self.tick()
+                if loop.time() >= renew_at:
+                    renew_at = loop.time() + self.interval
+                    await self.tick()
+                elif self.lease_epoch is not None:
+                    await self.sweep()
+                delay = renew_at - loop.time()
+                if self.lease_epoch is not None:
+                    due = await self.store.next_expiry()
+                    wait = None if due is None else due - self.store.now()
+                    if wait is not None and wait > 0:  # (one still expired is left to the interval)
+                        delay = min(delay, wait + _EXPIRY_SLACK)
             except Exception:  # a store hiccup must not kill the supervisor
                 log.exception("supervisor tick failed")
-            await asyncio.sleep(self.interval)
+                delay = self.interval
+            await asyncio.sleep(max(delay, _EXPIRY_SLACK))
 
     async def tick(self) -> int:
         """Renew or take the lease; if this instance leads, sweep once."""

@@ -100,6 +100,10 @@ class Store(Protocol):
 
     async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]: ...
 
+    async def next_expiry(self) -> float | None:
+        """The earliest complete-by among locked tasks (the supervisor's alarm clock)."""
+        ...
+
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
         """Take or renew a named lease; its fencing epoch if held, else None (M3)."""
         ...

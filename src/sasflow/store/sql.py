@@ -78,6 +78,8 @@ WHERE locked_by IS NOT NULL AND complete_by < ?
 ORDER BY complete_by LIMIT ?
 """
 
+NEXT_EXPIRY = "SELECT MIN(complete_by) FROM tasks WHERE locked_by IS NOT NULL"
+
 LIST_TASKS = f"""
 SELECT {TASK_COLUMNS} FROM tasks
 WHERE (? IS NULL OR state = ?) AND (? IS NULL OR workflow = ?)

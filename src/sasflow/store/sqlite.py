@@ -194,6 +194,11 @@ class SQLiteStore:
         result: list[Task] = await self._read(read)
         return result
 
+    async def next_expiry(self) -> float | None:
+        # MIN over the partial index tasks_locked: one index lookup
+        row = self._reader().execute(sql.NEXT_EXPIRY).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
         def job(conn: sqlite3.Connection) -> int | None:
             now = self.now()
