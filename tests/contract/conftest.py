@@ -1,0 +1,109 @@
+"""Fixtures of the contract suites: every store and every transport, one parameter each.
+
+A backend joins a suite by adding one entry to STORES or TRANSPORTS: a function
+that prepares an empty, private place for one test (a database file, a
+database, a key prefix) and returns the URL to reach it. Tests only ever see
+the `Store` / `Transport` protocols, through factories, so a test can open a
+second instance on the same backing state (two scheduler hosts, say).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from sasflow.store import Store, open_store
+from sasflow.transport import Transport, open_transport
+from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES
+
+START = 1_700_000_000.0
+
+
+class FakeClock:
+    """The store's clock, moved by the test: expiry and leases without sleeping."""
+
+    def __init__(self, now: float = START) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+# backend name -> prepares an empty store for one test and returns its URL
+STORES: dict[str, Callable[[Path], str]] = {
+    "sqlite": lambda tmp_path: f"sqlite:///{tmp_path / 'contract.db'}",
+}
+
+# backend name -> the URL of a transport for one test (queue names are made unique)
+TRANSPORTS: dict[str, Callable[[], str]] = {
+    "memory": lambda: "memory",
+}
+
+StoreFactory = Callable[..., Store]
+TransportFactory = Callable[..., Transport]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=sorted(STORES))
+async def make_store(request: pytest.FixtureRequest,
+                     tmp_path: Path) -> AsyncIterator[StoreFactory]:
+    """Open store instances on this test's backing database: ``make_store(clock=...)``.
+
+    Every call is a new instance (its own connections, as a second host would
+    have) on the same data; all are closed after the test.
+    """
+    url = STORES[request.param](tmp_path)
+    opened: list[Store] = []
+
+    def make(clock: Callable[[], float] | None = None) -> Store:
+        store = open_store(url, clock=clock)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        await store.close()
+
+
+@pytest.fixture
+def store(make_store: StoreFactory, clock: FakeClock) -> Store:
+    """One store instance whose clock is the test's `clock`."""
+    return make_store(clock=clock)
+
+
+@pytest.fixture(params=sorted(TRANSPORTS))
+async def make_transport(request: pytest.FixtureRequest) -> AsyncIterator[TransportFactory]:
+    """Open transports: ``make_transport(max_message_bytes=...)``; all closed afterwards."""
+    url = TRANSPORTS[request.param]()
+    opened: list[Transport] = []
+
+    def make(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Transport:
+        transport = open_transport(url, max_message_bytes=max_message_bytes)
+        opened.append(transport)
+        return transport
+
+    yield make
+    for transport in opened:
+        await transport.close()
+
+
+@pytest.fixture
+def transport(make_transport: TransportFactory) -> Transport:
+    return make_transport()
+
+
+@pytest.fixture
+def queue_name() -> Callable[[str], str]:
+    """Queue names private to this test, so a shared broker keeps no state between tests."""
+    run = uuid.uuid4().hex[:12]
+    return lambda label: f"contract.{run}.{label}"

@@ -1,0 +1,566 @@
+"""The state store contract (SPEC S10, E2, E3, M1, M3): run against every store.
+
+Written against the `Store` protocol only. Time is the store's injected clock,
+moved by the test, so expiry and leases are exact and nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import msgspec
+import pytest
+
+from sasflow.errors import StoreError, TaskConflictError
+from sasflow.messages import decode_status
+from sasflow.model import Phase, StepState, Task, TaskState, idempotency_key
+from sasflow.plan import Plan
+from sasflow.store import Store
+from sasflow.store.base import NewTask
+from sasflow.transition import Transition
+from sasflow.workflow import Step, Workflow
+
+T, S = TaskState, StepState
+
+
+class Clock(Protocol):
+    now: float
+
+    def __call__(self) -> float: ...
+
+    def advance(self, seconds: float) -> None: ...
+
+
+class StoreFactory(Protocol):
+    def __call__(self, clock: Clock | None = None) -> Store: ...
+
+
+AGENTS = ("inventory", "payments", "shipping")
+ORDER = Workflow.declare("order", [Step("reserve", "inventory", 5.0),
+                                   Step("charge", "payments", 10.0),
+                                   Step("ship", "shipping", 7.0)],
+                         agents=AGENTS, max_failures=2, retry_backoff=0.5)
+ALERTING = Workflow.declare("alerting", [Step("reserve", "inventory", 5.0),
+                                         Step("charge", "payments", 10.0)],
+                            agents=AGENTS, on_failure="error")
+SLOW = Workflow.declare("slow", [Step("wait", "inventory", 50.0)], agents=AGENTS)
+COMPENSABLE = frozenset({"inventory", "shipping"})
+PLANS = {wf.name: Plan(wf, COMPENSABLE) for wf in (ORDER, ALERTING, SLOW)}
+
+
+def new_task(task_id: str, workflow: str = "order", input: Any = None,
+             reply_to: str | None = None) -> NewTask:
+    steps = PLANS[workflow].workflow.steps
+    return NewTask(task_id=task_id, workflow=workflow,
+                   input_json=msgspec.json.encode({"order": task_id} if input is None
+                                                  else input),
+                   reply_to=reply_to,
+                   steps=[(s.name, s.agent, idempotency_key(task_id, s.name)) for s in steps])
+
+
+async def submitted(store: Store, *ids: str, workflow: str = "order",
+                    reply_to: str | None = None) -> None:
+    for task_id in ids:
+        assert await store.submit(new_task(task_id, workflow, reply_to=reply_to))
+
+
+async def claim_one(store: Store, owner: str, plans: dict[str, Plan] = PLANS) -> Task:
+    [task] = await store.claim(owner, 1, plans)
+    return task
+
+
+async def fresh(store: Store, task_id: str) -> Task:
+    task = await store.get(task_id)
+    assert task is not None
+    return task
+
+
+def assert_stored_as_planned(stored: Task, planned: Task) -> None:
+    """The store holds exactly what the planner decided the task became."""
+    fields = ("task_id", "workflow", "input", "state", "phase", "cursor", "locked_by",
+              "complete_by", "failure_count", "epoch", "reply_to", "error")
+    assert {f: getattr(stored, f) for f in fields} == {f: getattr(planned, f) for f in fields}
+    assert stored.steps == planned.steps
+
+
+# ---------------------------------------------------------------- submit (E2)
+
+
+async def test_submit_creates_a_pending_unlocked_task(store: Store, clock: Clock) -> None:
+    """E2: pending, LockedBy and CompleteBy null, FailureCount 0; every step pending."""
+    assert await store.submit(new_task("order-1", input={"order_id": 1, "items": ["a"]}))
+    task = await fresh(store, "order-1")
+    assert (task.state, task.locked_by, task.complete_by, task.failure_count, task.epoch) == (
+        T.PENDING, None, None, 0, 0)
+    assert task.input == {"order_id": 1, "items": ["a"]}
+    assert task.created_at == clock.now
+    assert [(s.name, s.agent, s.state, s.attempts, s.idempotency_key) for s in task.steps] == [
+        (name, agent, S.PENDING, 0, idempotency_key("order-1", name))
+        for name, agent in (("reserve", "inventory"), ("charge", "payments"),
+                            ("ship", "shipping"))]
+
+
+async def test_submit_is_idempotent_on_the_task_id(store: Store) -> None:
+    """The same submission again is a no-op that reports the task existed."""
+    assert await store.submit(new_task("order-1"))
+    assert not await store.submit(new_task("order-1"))
+    assert [t.task_id for t in await store.list_tasks()] == ["order-1"]
+    assert len(await store.history("order-1")) == 1
+
+
+async def test_submit_with_other_input_or_workflow_conflicts(store: Store) -> None:
+    """A task id reused for different work is refused; the original stays as it was."""
+    await store.submit(new_task("order-1", input={"n": 1}))
+    with pytest.raises(TaskConflictError) as caught:
+        await store.submit(new_task("order-1", input={"n": 2}))
+    assert caught.value.task_id == "order-1"
+    with pytest.raises(TaskConflictError):
+        await store.submit(new_task("order-1", workflow="slow", input={"n": 1}))
+    task = await fresh(store, "order-1")
+    assert (task.workflow, task.input, len(task.steps)) == ("order", {"n": 1}, 3)
+
+
+async def test_get_of_an_unknown_task_is_none(store: Store) -> None:
+    assert await store.get("nope") is None
+    assert await store.history("nope") == []
+
+
+async def test_list_filters_by_state_and_workflow(store: Store, clock: Clock) -> None:
+    """list: oldest first, filtered by state and workflow, bounded by limit."""
+    for n, workflow in enumerate(["order", "slow", "order"]):
+        await submitted(store, f"t{n}", workflow=workflow)
+        clock.advance(1)
+    await store.claim("s1", 1, {"slow": PLANS["slow"]})
+    assert [t.task_id for t in await store.list_tasks()] == ["t0", "t1", "t2"]
+    assert [t.task_id for t in await store.list_tasks(state=T.PENDING)] == ["t0", "t2"]
+    assert [t.task_id for t in await store.list_tasks(state=T.PROCESSING)] == ["t1"]
+    assert [t.task_id for t in await store.list_tasks(workflow="order", limit=1)] == ["t0"]
+
+
+# ---------------------------------------------------------------- claim (E3, M1)
+
+
+async def test_claim_locks_starts_the_step_and_bumps_the_epoch(store: Store,
+                                                               clock: Clock) -> None:
+    """E3: LockedBy = me, CompleteBy = now + timeout, processing, epoch + 1, step running."""
+    await submitted(store, "order-1")
+    claimed = await claim_one(store, "s1")
+    stored = await fresh(store, "order-1")
+    assert (stored.state, stored.locked_by, stored.complete_by, stored.epoch) == (
+        T.PROCESSING, "s1", clock.now + 5.0, 1)
+    assert (stored.steps[0].state, stored.steps[0].attempts) == (S.RUNNING, 1)
+    assert_stored_as_planned(stored, claimed)
+    assert await store.claim("s2", 10, PLANS) == []  # locked: nobody else gets it
+
+
+async def test_claim_respects_limit_and_known_workflows(store: Store) -> None:
+    """A scheduler takes at most `limit` tasks, and only of the workflows it knows."""
+    await submitted(store, "a1", "a2", "a3")
+    await submitted(store, "s1", workflow="slow")
+    got = await store.claim("s1", 2, {"order": PLANS["order"]})
+    assert sorted(t.task_id for t in got) == ["a1", "a2"]
+    got = await store.claim("s1", 10, {"order": PLANS["order"]})
+    assert [t.task_id for t in got] == ["a3"]
+    assert (await fresh(store, "s1")).state is T.PENDING
+    assert await store.claim("s1", 0, PLANS) == []
+    assert await store.claim("s1", 5, {}) == []
+
+
+async def test_concurrent_claims_never_share_a_task(store: Store) -> None:
+    """M1: two owners claiming at the same moment get disjoint tasks, each locked to them."""
+    ids = [f"t{n:02}" for n in range(20)]
+    await submitted(store, *ids)
+    first, second = await asyncio.gather(store.claim("s1", 12, PLANS),
+                                         store.claim("s2", 12, PLANS))
+    mine = {t.task_id for t in first}
+    theirs = {t.task_id for t in second}
+    assert not mine & theirs
+    assert mine | theirs == set(ids)
+    for task in await store.list_tasks(limit=100):
+        assert task.locked_by == ("s1" if task.task_id in mine else "s2")
+        assert task.epoch == 1
+
+
+async def test_claims_from_two_store_instances_never_share_a_task(
+        make_store: StoreFactory, clock: Clock) -> None:
+    """M1 across hosts: instances on the same database claim disjoint tasks."""
+    one, two = make_store(clock=clock), make_store(clock=clock)
+    ids = [f"t{n:02}" for n in range(40)]
+    await submitted(one, *ids)
+    taken: list[set[str]] = [set(), set()]
+    for _ in range(4):  # several rounds of racing claims
+        results = await asyncio.gather(one.claim("host-1", 7, PLANS),
+                                       two.claim("host-2", 7, PLANS))
+        for got, tasks in zip(taken, results, strict=True):
+            got.update(t.task_id for t in tasks)
+    assert not taken[0] & taken[1]
+    assert len(taken[0]) + len(taken[1]) == 40
+    for task in await two.list_tasks(limit=100):
+        assert task.locked_by == ("host-1" if task.task_id in taken[0] else "host-2")
+
+
+async def test_a_released_task_waits_out_its_backoff(store: Store, clock: Clock) -> None:
+    """A released task is claimable only from its available-at time on."""
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    clock.advance(6)
+    assert await store.apply(PLANS["order"].expire(task, "sup", clock.now))
+    assert await store.claim("s2", 1, PLANS) == []
+    clock.advance(0.49)  # retry_backoff 0.5 after the first failure
+    assert await store.claim("s2", 1, PLANS) == []
+    clock.advance(0.02)
+    task = await claim_one(store, "s2")
+    assert (task.locked_by, task.epoch, task.failure_count) == ("s2", 2, 1)
+
+
+# ---------------------------------------------------------------- apply and fencing (M1)
+
+
+async def test_apply_writes_the_whole_transition(store: Store, clock: Clock) -> None:
+    """Steps, results and the task move together, exactly as planned."""
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    plan = PLANS["order"]
+    clock.advance(1)
+    assert await store.apply(plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
+    stored = await fresh(store, "order-1")
+    assert_stored_as_planned(stored, task)
+    assert (stored.cursor, stored.steps[0].result, stored.steps[1].state) == (
+        1, {"sku": 7}, S.RUNNING)
+    assert stored.complete_by == clock.now + 10.0
+
+
+async def test_a_reply_from_a_fenced_out_owner_changes_nothing(store: Store,
+                                                               clock: Clock) -> None:
+    """M1: after a takeover, the old owner's write (stale epoch) is refused whole."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    old = await claim_one(store, "s1")
+    clock.advance(6)
+    assert await store.apply(plan.expire(await fresh(store, "order-1"), "sup", clock.now))
+    clock.advance(1)
+    await claim_one(store, "s2")
+    before = await fresh(store, "order-1")
+    history = await store.history("order-1")
+    late = plan.reply(old, "s1", True, {"sku": 1}, None, clock.now)
+    assert late.epoch == 1
+    assert not await store.apply(late)
+    assert await fresh(store, "order-1") == before
+    assert await store.history("order-1") == history
+
+
+async def test_an_old_epoch_of_the_same_owner_changes_nothing(store: Store,
+                                                              clock: Clock) -> None:
+    """M1: the same scheduler re-claimed the task; a late reply of its old claim is refused."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    old = await claim_one(store, "s1")
+    clock.advance(6)
+    assert await store.apply(plan.expire(await fresh(store, "order-1"), "sup", clock.now))
+    clock.advance(1)
+    current = await claim_one(store, "s1")
+    assert (old.epoch, current.epoch) == (1, 2)
+    before = await fresh(store, "order-1")
+    assert not await store.apply(plan.reply(old, "s1", True, {"sku": 1}, None, clock.now))
+    assert await fresh(store, "order-1") == before
+    assert await store.apply(plan.reply(current, "s1", True, {"sku": 2}, None, clock.now))
+    assert (await fresh(store, "order-1")).steps[0].result == {"sku": 2}
+
+
+async def test_a_write_by_a_scheduler_that_does_not_hold_the_task_changes_nothing(
+        store: Store, clock: Clock) -> None:
+    """M1: right epoch, wrong owner: refused, nothing written."""
+    await submitted(store, "order-1")
+    await claim_one(store, "s1")
+    before = await fresh(store, "order-1")
+    forged = PLANS["order"].reply(await fresh(store, "order-1"), "intruder", True, 1, None,
+                                  clock.now)
+    assert not await store.apply(forged)
+    assert await fresh(store, "order-1") == before
+
+
+async def test_a_transition_computed_from_another_state_changes_nothing(
+        store: Store, clock: Clock) -> None:
+    """A write based on a state the task has left (here: cancelled meanwhile) is refused."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    assert await store.apply(plan.cancel(await fresh(store, "order-1"), clock.now))
+    assert not await store.apply(plan.reply(task, "s1", True, 1, None, clock.now))
+    stored = await fresh(store, "order-1")
+    assert (stored.state, stored.steps[0].state) == (T.CANCELLED, S.RUNNING)
+
+
+async def test_the_store_refuses_a_move_the_lifecycle_forbids(store: Store,
+                                                              clock: Clock) -> None:
+    """Stores check model.can_move: processed -> pending is refused with StoreError."""
+    await submitted(store, "order-1")
+    forbidden = Transition(task_id="order-1", actor="x", why="bad", epoch=0,
+                           from_state=T.PROCESSED, owner=None, state=T.PENDING,
+                           phase=Phase.DO, cursor=0, locked_by=None, failure_count=0)
+    with pytest.raises(StoreError):
+        await store.apply(forbidden)
+    assert (await fresh(store, "order-1")).state is T.PENDING
+
+
+async def test_a_saga_is_stored_as_planned_at_every_step(store: Store, clock: Clock) -> None:
+    """S9 round trip: every transition of a compensated task lands exactly as planned."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    replies = [(True, {"sku": 7}, None), (True, {"charge": 9}, None),
+               (False, None, "address refused")]
+    for ok, result, error in replies:
+        clock.advance(1)
+        assert await store.apply(plan.reply(task, "s1", ok, result, error, clock.now))
+        assert_stored_as_planned(await fresh(store, "order-1"), task)
+    # ship refused -> charge has no compensator -> reserve's undo is running
+    stored = await fresh(store, "order-1")
+    assert (stored.state, stored.phase, stored.cursor) == (T.COMPENSATING, Phase.UNDO, 0)
+    undo = stored.steps[0].compensation
+    assert undo is not None
+    assert (undo.state, undo.attempts, undo.complete_by) == (S.RUNNING, 1, clock.now + 5.0)
+    assert undo.idempotency_key == idempotency_key("order-1", "reserve", Phase.UNDO)
+    clock.advance(1)
+    assert await store.apply(plan.reply(task, "s1", True, None, None, clock.now))
+    stored = await fresh(store, "order-1")
+    assert_stored_as_planned(stored, task)
+    assert (stored.state, stored.locked_by) == (T.COMPENSATED, None)
+    assert [s.state for s in stored.steps] == [S.COMPENSATED, S.COMPLETED, S.FAILED]
+    assert stored.steps[0].result == {"sku": 7}  # kept for the record
+
+
+async def test_operator_actions_apply_to_an_unlocked_task(store: Store, clock: Clock) -> None:
+    """E8: error + alert, then an operator retry makes it claimable again at the failed step."""
+    plan = PLANS["alerting"]
+    await submitted(store, "order-1", workflow="alerting")
+    task = await claim_one(store, "s1")
+    assert await store.apply(plan.reply(task, "s1", False, None, "declined", clock.now))
+    assert (await fresh(store, "order-1")).state is T.ERROR
+    task = await fresh(store, "order-1")
+    assert await store.apply(plan.retry(task, clock.now))
+    assert_stored_as_planned(await fresh(store, "order-1"), task)
+    again = await claim_one(store, "s2")
+    assert (again.steps[0].state, again.steps[0].attempts, again.steps[0].failure_count) == (
+        S.RUNNING, 2, 0)
+
+
+# ---------------------------------------------------------------- supervisor (S7, E9, M3)
+
+
+async def test_expired_returns_only_locked_tasks_past_complete_by(store: Store,
+                                                                  clock: Clock) -> None:
+    """S7: the sweep sees running units whose complete-by passed, nothing else."""
+    await submitted(store, "fast")
+    await submitted(store, "slow", workflow="slow")
+    await store.claim("s1", 10, PLANS)
+    await submitted(store, "idle")  # pending, never claimed
+    assert await store.expired(10) == []
+    clock.advance(5.0)
+    assert await store.expired(10) == []  # complete-by itself is not past it yet
+    clock.advance(0.01)
+    [expired] = await store.expired(10)
+    assert (expired.task_id, expired.state, expired.locked_by) == ("fast", T.PROCESSING, "s1")
+    assert expired.steps[0].state is S.RUNNING  # with its steps, ready for the planner
+    clock.advance(50)
+    assert sorted(t.task_id for t in await store.expired(10)) == ["fast", "slow"]
+    assert len(await store.expired(1)) == 1
+
+
+async def test_a_released_task_is_no_longer_expired(store: Store, clock: Clock) -> None:
+    """After the supervisor's release the task leaves the sweep."""
+    await submitted(store, "order-1")
+    await claim_one(store, "s1")
+    clock.advance(6)
+    [task] = await store.expired(10)
+    assert await store.apply(PLANS["order"].expire(task, "sup", clock.now))
+    assert await store.expired(10) == []
+    stored = await fresh(store, "order-1")
+    assert (stored.state, stored.locked_by, stored.complete_by, stored.failure_count) == (
+        T.PENDING, None, None, 1)
+
+
+async def test_an_expiry_decided_before_the_deadline_is_not_applied(store: Store,
+                                                                    clock: Clock) -> None:
+    """The supervisor's write is conditional on complete_by < now (DESIGN invariant 4)."""
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    early = PLANS["order"].expire(task, "sup", clock.now + 1)
+    assert not await store.apply(early)
+    assert (await fresh(store, "order-1")).state is T.PROCESSING
+
+
+async def test_concurrent_supervisors_count_an_expiry_once(store: Store, clock: Clock) -> None:
+    """M3: two supervisors recovering the same expiry at once: one applies, FailureCount 1."""
+    await submitted(store, "order-1")
+    await claim_one(store, "s1")
+    clock.advance(6)
+    [a] = await store.expired(10)
+    [b] = await store.expired(10)
+    plan = PLANS["order"]
+    results = await asyncio.gather(store.apply(plan.expire(a, "sup-1", clock.now)),
+                                   store.apply(plan.expire(b, "sup-2", clock.now)))
+    assert sorted(results) == [False, True]
+    assert (await fresh(store, "order-1")).failure_count == 1
+
+
+async def test_supervisors_on_two_instances_count_an_expiry_once(
+        make_store: StoreFactory, clock: Clock) -> None:
+    """M3 across hosts: the same race through two store instances."""
+    one, two = make_store(clock=clock), make_store(clock=clock)
+    plan = PLANS["order"]
+    await submitted(one, *[f"t{n}" for n in range(10)])
+    await one.claim("s1", 10, PLANS)
+    clock.advance(6)
+    first, second = await one.expired(100), await two.expired(100)
+    results = await asyncio.gather(
+        *(one.apply(plan.expire(t, "sup-1", clock.now)) for t in first),
+        *(two.apply(plan.expire(t, "sup-2", clock.now)) for t in second))
+    assert sum(results) == 10
+    assert {t.failure_count for t in await one.list_tasks(limit=100)} == {1}
+
+
+# ---------------------------------------------------------------- leases (M3)
+
+
+async def test_a_lease_has_one_holder_at_a_time(store: Store, clock: Clock) -> None:
+    """M3: the first taker holds the lease and renews it; others are refused meanwhile."""
+    epoch = await store.acquire_lease("supervisor", "sup-1", 3.0)
+    assert epoch is not None
+    assert await store.acquire_lease("supervisor", "sup-2", 3.0) is None
+    clock.advance(2)
+    assert await store.acquire_lease("supervisor", "sup-1", 3.0) == epoch  # renewed
+    clock.advance(2)  # 4 s after taking it, but only 2 s after the renewal
+    assert await store.acquire_lease("supervisor", "sup-2", 3.0) is None
+    assert await store.acquire_lease("other-lease", "sup-2", 3.0) is not None
+
+
+async def test_an_expired_lease_is_taken_over_with_a_higher_epoch(store: Store,
+                                                                  clock: Clock) -> None:
+    """When the holder stops renewing, another takes over with a higher fencing epoch."""
+    first = await store.acquire_lease("supervisor", "sup-1", 3.0)
+    assert first is not None
+    clock.advance(3.5)
+    second = await store.acquire_lease("supervisor", "sup-2", 3.0)
+    assert second is not None and second > first
+    assert await store.acquire_lease("supervisor", "sup-1", 3.0) is None  # it lost it
+    clock.advance(3.5)
+    third = await store.acquire_lease("supervisor", "sup-1", 3.0)
+    assert third is not None and third > second
+
+
+async def test_racing_for_a_lease_elects_one(make_store: StoreFactory, clock: Clock) -> None:
+    """Two instances asking at once: exactly one holds it."""
+    one, two = make_store(clock=clock), make_store(clock=clock)
+    results = await asyncio.gather(one.acquire_lease("supervisor", "sup-1", 3.0),
+                                   two.acquire_lease("supervisor", "sup-2", 3.0))
+    assert sum(r is not None for r in results) == 1
+
+
+# ---------------------------------------------------------------- outbox (E11)
+
+
+async def test_status_messages_are_written_with_the_state_change(store: Store,
+                                                                 clock: Clock) -> None:
+    """E11: each event a transition reports is in the outbox, in order, with the task id."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1", reply_to="app-1")
+    task = await claim_one(store, "s1")
+    for result in ({"sku": 1}, {"charge": 2}, {"parcel": 3}):
+        assert await store.apply(plan.reply(task, "s1", True, result, None, clock.now))
+    messages = await store.take_outbox(["app-1"], 100)
+    statuses = [decode_status(m.body) for m in messages]
+    assert [(s.event, s.step) for s in statuses] == [
+        ("received", None), ("step_completed", "reserve"), ("step_completed", "charge"),
+        ("step_completed", "ship"), ("processed", None)]
+    assert {s.task_id for s in statuses} == {"order-1"}
+    assert statuses[-1].state == "processed"
+    assert {m.queue for m in messages} == {"app-1"}
+
+
+async def test_outbox_take_leases_and_ack_removes(store: Store, clock: Clock) -> None:
+    """A taken message is not handed out again while leased; acked, it is gone for good."""
+    await submitted(store, "a", reply_to="app-1")
+    await submitted(store, "b", reply_to="app-1")
+    taken = await store.take_outbox(["app-1"], 100)
+    assert len(taken) == 2
+    assert await store.take_outbox(["app-1"], 100) == []
+    await store.ack_outbox([taken[0].id])
+    clock.advance(60)  # the relay died: its lease runs out
+    again = await store.take_outbox(["app-1"], 100)
+    assert [m.id for m in again] == [taken[1].id]  # unacked ones come back, acked do not
+    assert again[0].body == taken[1].body
+    await store.ack_outbox([taken[1].id])
+    clock.advance(60)
+    assert await store.take_outbox(None, 100) == []
+
+
+async def test_outbox_take_filters_by_queue_and_limit(store: Store) -> None:
+    """take_outbox(queues) only hands out those queues' messages; None means all."""
+    await submitted(store, "a", reply_to="app-1")
+    await submitted(store, "b", reply_to="app-2")
+    await submitted(store, "c", reply_to="app-2")
+    await submitted(store, "d")  # no reply_to: no status messages
+    assert await store.take_outbox([], 10) == []
+    [one] = await store.take_outbox(["app-1"], 10)
+    assert decode_status(one.body).task_id == "a"
+    first = await store.take_outbox(None, 1)
+    assert [m.queue for m in first] == ["app-2"]
+    rest = await store.take_outbox(None, 10)
+    assert [decode_status(m.body).task_id for m in first + rest] == ["b", "c"]
+
+
+# ---------------------------------------------------------------- history and alerts
+
+
+async def test_history_records_every_transition(store: Store, clock: Clock) -> None:
+    """Who, when, from, to and why: for the task and for each unit it touched."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    clock.advance(1)
+    task = await claim_one(store, "s1")
+    clock.advance(6)
+    [expired] = await store.expired(10)
+    assert await store.apply(plan.expire(expired, "sup-1", clock.now))
+    entries = await store.history("order-1")
+    rows = [(e.step, e.phase, e.actor, e.epoch, e.from_state, e.to_state) for e in entries]
+    assert rows == [
+        (None, None, "submit", 0, None, "pending"),
+        (None, None, "s1", 1, "pending", "processing"),
+        ("reserve", "do", "s1", 1, "pending", "running"),
+        (None, None, "sup-1", 1, "processing", "pending"),
+        ("reserve", "do", "sup-1", 1, "running", "pending"),
+    ]
+    assert [e.at for e in entries] == [clock.now - 7, clock.now - 6, clock.now - 6,
+                                       clock.now, clock.now]
+    assert entries[0].why == "submitted"
+    assert entries[1].why is not None and "claimed" in entries[1].why
+    assert entries[3].why is not None and "expired" in entries[3].why
+    assert {e.task_id for e in entries} == {"order-1"}
+    assert task.task_id == "order-1"
+
+
+async def test_alerts_are_listed_with_their_task_step_and_agent(store: Store,
+                                                                clock: Clock) -> None:
+    """E8: an error transition's alert is stored and listed, newest after older ones."""
+    plan = PLANS["alerting"]
+    await submitted(store, "a", "b", workflow="alerting")
+    for owner in ("s1", "s2"):
+        task = await claim_one(store, owner, {"alerting": plan})
+        assert await store.apply(plan.reply(task, owner, False, None, "declined", clock.now))
+    alerts = await store.alerts()
+    assert [(a.task_id, a.step, a.agent) for a in alerts] == [
+        ("a", "reserve", "inventory"), ("b", "reserve", "inventory")]
+    assert alerts[0].message == "step reserve failed: declined"
+    assert alerts[0].at == clock.now
+    assert alerts[0].id < alerts[1].id
+    assert [a.task_id for a in await store.alerts(after=alerts[0].id)] == ["b"]
+    assert [a.task_id for a in await store.alerts(limit=1)] == ["a"]
+
+
+async def test_now_is_the_stores_clock(store: Store, clock: Clock) -> None:
+    """Deadlines are compared with the store's clock (DESIGN invariant 3)."""
+    assert store.now() == clock.now
+    clock.advance(10)
+    assert store.now() == clock.now
