@@ -20,7 +20,8 @@ from tenacity import (
     RetryCallState,
     retry_if_not_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 from tenacity.stop import stop_base
 
@@ -97,8 +98,10 @@ async def call_with_retries(
     except Exception:
         if policy.attempts == 1:
             raise
-    wait: Any = (wait_exponential_jitter(multiplier=policy.initial_wait, max=policy.max_wait,
-                                           jitter=policy.jitter)
+    # exponential from initial_wait, capped, plus up to `jitter` seconds of noise
+    # (composed from tenacity's oldest, stable waits, any 8.3+ release will do)
+    wait: Any = (wait_exponential(multiplier=policy.initial_wait, max=policy.max_wait)
+                 + wait_random(0, policy.jitter)
                  if not _no_waiting() else (lambda _state: 0.0))
     retrying = AsyncRetrying(
         stop=stop_after_attempt(policy.attempts - 1) | _StopAtDeadline(deadline, clock),
