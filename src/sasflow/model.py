@@ -91,12 +91,17 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 }
 
 _S = StepState
+# Both kinds of unit use these states: a step (pending -> running -> completed |
+# failed) and its compensation (pending -> running -> compensated | failed); the
+# step itself shows completed -> compensating -> compensated meanwhile.
 STEP_TRANSITIONS: dict[StepState, frozenset[StepState]] = {
-    _S.PENDING: frozenset({_S.RUNNING}),
-    _S.RUNNING: frozenset({_S.RUNNING, _S.PENDING, _S.COMPLETED, _S.FAILED}),
+    # pending -> failed: an operator undoes a task whose released step had run (in doubt)
+    _S.PENDING: frozenset({_S.RUNNING, _S.FAILED}),
+    _S.RUNNING: frozenset({_S.RUNNING, _S.PENDING, _S.COMPLETED, _S.FAILED, _S.COMPENSATED}),
     # failed -> compensating: a step whose outcome is in doubt (it expired too often)
-    # is undone too, since its effect may have been applied
-    _S.FAILED: frozenset({_S.PENDING, _S.COMPENSATING}),
+    # is undone too, since its effect may have been applied; failed -> running: a
+    # failed compensation tried again
+    _S.FAILED: frozenset({_S.PENDING, _S.RUNNING, _S.COMPENSATING}),
     _S.COMPLETED: frozenset({_S.COMPENSATING}),
     _S.COMPENSATING: frozenset({_S.COMPENSATING, _S.COMPENSATED}),
     _S.COMPENSATED: frozenset(),

@@ -199,8 +199,18 @@ class Plan:
     def cancel(self, task: Task, now: float) -> Transition:
         """Stop the task where it is, undoing nothing."""
         self._allow(task, TaskState.CANCELLED, "cancel")
-        return self._move(task, _Fence(task, owner=task.locked_by), TaskState.CANCELLED,
-                          "operator", now, locked_by=None, why="operator cancelled",
+        fence = _Fence(task, owner=task.locked_by)
+        units = []
+        record = task.steps[task.cursor]
+        why = "cancelled by the operator while it ran"
+        if task.phase is Phase.UNDO:
+            if record.compensation is not None and (
+                    record.compensation.state is StepState.RUNNING):
+                units.append(self._undo_unit(task, StepState.FAILED, error=why))
+        elif record.state is StepState.RUNNING:  # its effect may have happened
+            units.append(self._unit(task, StepState.FAILED, in_doubt=True, error=why))
+        return self._move(task, fence, TaskState.CANCELLED, "operator", now, units=units,
+                          locked_by=None, why="operator cancelled",
                           events=[("cancelled", None)])
 
     # ------------------------------------------------------------ building blocks

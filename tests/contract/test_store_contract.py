@@ -289,7 +289,8 @@ async def test_a_transition_computed_from_another_state_changes_nothing(
     assert await store.apply(plan.cancel(await fresh(store, "order-1"), clock.now))
     assert not await store.apply(plan.reply(task, "s1", True, 1, None, clock.now))
     stored = await fresh(store, "order-1")
-    assert (stored.state, stored.steps[0].state) == (T.CANCELLED, S.RUNNING)
+    assert (stored.state, stored.steps[0].state) == (T.CANCELLED, S.FAILED)
+    assert stored.steps[0].result is None  # the late reply's result was not written
 
 
 async def test_the_store_refuses_a_move_the_lifecycle_forbids(store: Store,

@@ -50,11 +50,14 @@ ALLOWED_TASK_MOVES = {
 
 ALLOWED_STEP_MOVES = {
     (S.PENDING, S.RUNNING),
+    (S.PENDING, S.FAILED),  # operator undoes a task whose released step had run: in doubt
     (S.RUNNING, S.RUNNING),
     (S.RUNNING, S.PENDING),
     (S.RUNNING, S.COMPLETED),
     (S.RUNNING, S.FAILED),
+    (S.RUNNING, S.COMPENSATED),  # a compensation unit finishing
     (S.FAILED, S.PENDING),
+    (S.FAILED, S.RUNNING),  # a failed compensation tried again
     (S.FAILED, S.COMPENSATING),
     (S.COMPLETED, S.COMPENSATING),
     (S.COMPENSATING, S.COMPENSATING),
