@@ -31,7 +31,7 @@ from sasflow.errors import (
 from sasflow.messages import Status, decode_status, encode_json_value
 from sasflow.model import Task, TaskState, idempotency_key
 from sasflow.plan import Plan
-from sasflow.portal import Portal
+from sasflow.portal import Portal, refuse_inside_a_loop
 from sasflow.resilience import RetryPolicy
 from sasflow.store import Store, open_store
 from sasflow.store.base import Alert, HistoryEntry, NewTask
@@ -192,12 +192,14 @@ class App:
 
     def submit(self, workflow: str, input: Any = None, *, task_id: str | None = None,
                reply_to: str | None = None, connection: Any = None) -> str:
+        new = self.new_task(workflow, input, task_id=task_id, reply_to=reply_to)
         if connection is not None:  # the caller's transaction lives in the caller's thread
-            new = self.new_task(workflow, input, task_id=task_id, reply_to=reply_to)
             self.store.submit_in(connection, new)
-            return new.task_id
-        return self._portal.call(self.asubmit(workflow, input, task_id=task_id,
-                                              reply_to=reply_to))
+        else:
+            refuse_inside_a_loop()
+            self.store.submit_blocking(new)
+            self._wake_schedulers()
+        return new.task_id
 
     # ------------------------------------------------------------ reading
     async def aget(self, task_id: str) -> Task:

@@ -8,9 +8,18 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["Portal"]
+__all__ = ["Portal", "refuse_inside_a_loop"]
 
 T = TypeVar("T")
+
+
+def refuse_inside_a_loop() -> None:
+    """A blocking call made from a coroutine would stall its event loop: say so."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError("inside an event loop: use the async twin (await app.a...)")
 
 
 class Portal:
@@ -41,12 +50,10 @@ class Portal:
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the portal's loop and wait for its result (sync callers only)."""
         try:
-            asyncio.get_running_loop()
+            refuse_inside_a_loop()
         except RuntimeError:
-            pass
-        else:
             coro.close()
-            raise RuntimeError("inside an event loop: use the async twin (await app.a...)")
+            raise
         return self.run(coro)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:

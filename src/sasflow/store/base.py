@@ -75,6 +75,11 @@ class Store(Protocol):
         """
         ...
 
+    def submit_blocking(self, task: NewTask) -> bool:
+        """`submit` for a caller outside any event loop (the sync facade): one thread
+        hop fewer than going through an event loop."""
+        ...
+
     def submit_in(self, connection: Any, task: NewTask) -> bool:
         """`submit` inside the caller's open transaction, in the caller's thread (E1)."""
         ...

@@ -118,7 +118,7 @@ class SQLiteStore:
             return self.submit_in(connection, task)
         return await self._writer.run(lambda conn: self._insert(conn, task))
 
-    def submit_sync(self, task: NewTask) -> bool:
+    def submit_blocking(self, task: NewTask) -> bool:
         return self._writer.run_sync(lambda conn: self._insert(conn, task))
 
     def submit_in(self, connection: sqlite3.Connection, task: NewTask) -> bool:
