@@ -123,12 +123,12 @@ LIMIT 1
 """
 
 
-def select_claimable(workflows: int) -> str:
-    """Served by the partial index tasks_claimable."""
-    return f"""
+# One workflow at a time: an ordered range scan of the partial index tasks_claimable
+# (with `workflow IN (...)` SQLite would sort every runnable task to find the first few).
+SELECT_CLAIMABLE = f"""
 SELECT {TASK_COLUMNS} FROM tasks
-WHERE locked_by IS NULL AND state IN ('pending', 'compensating') AND available_at <= ?
-  AND workflow IN ({_marks(workflows)})
+WHERE workflow = ? AND available_at <= ?
+  AND locked_by IS NULL AND state IN ('pending', 'compensating')
 ORDER BY available_at LIMIT ?
 """
 

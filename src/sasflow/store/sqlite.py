@@ -169,7 +169,10 @@ class SQLiteStore:
         def job(conn: sqlite3.Connection) -> list[Task]:
             self._deferred.flush(conn)  # read what earlier jobs of this batch wrote
             now = self.now()
-            rows = conn.execute(sql.select_claimable(len(names)), (now, *names, limit)).fetchall()
+            rows = [row for name in names
+                    for row in conn.execute(sql.SELECT_CLAIMABLE, (name, now, limit))]
+            if len(names) > 1:  # the earliest runnable first, whatever their workflow
+                rows = sorted(rows, key=lambda row: row[8])[:limit]
             claimed = []
             for task in _tasks_with_steps(conn, rows):
                 transition = plans[task.workflow].claim(task, owner, now)

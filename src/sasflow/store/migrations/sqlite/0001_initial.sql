@@ -19,8 +19,9 @@ CREATE TABLE tasks (
     updated_at    REAL NOT NULL
 );
 
--- What schedulers poll: only unlocked, runnable tasks are in this index.
-CREATE INDEX tasks_claimable ON tasks (available_at)
+-- What schedulers poll: only unlocked, runnable tasks are in this index, in the
+-- order they may run, per workflow.
+CREATE INDEX tasks_claimable ON tasks (workflow, available_at)
     WHERE locked_by IS NULL AND state IN ('pending', 'compensating');
 
 -- What the supervisor sweeps: only locked tasks are in this index, so a sweep
