@@ -28,6 +28,11 @@ __all__ = ["Scheduler"]
 log = logging.getLogger("sasflow.scheduler")
 
 _IDLE_POLL_MAX = 0.25  # seconds between claim attempts when there is no work
+# When tasks arrive one by one faster than one per _BUSY_GAP, each claim would be a
+# transaction of its own: wait _GATHER_S and claim what came meanwhile in one go.
+# A task arriving after a quiet spell is still claimed at once.
+_BUSY_GAP = 0.001
+_GATHER_S = 0.002
 
 
 class Scheduler:
@@ -78,7 +83,9 @@ class Scheduler:
             log.info("released %d task(s) on shutdown", sum(r is True for r in results))
 
     async def _claim_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         idle = 0.005
+        last_claim = 0.0
         while True:
             # cleared before looking, so a wake-up that comes while we look is kept
             self._wake.clear()
@@ -98,6 +105,11 @@ class Scheduler:
                     idle = 0.005
                     if len(claimed) == free:
                         continue  # there may be more: come back when a slot frees
+                    previous, last_claim = last_claim, loop.time()
+                    if last_claim - previous < _BUSY_GAP:
+                        # busy: let a few more tasks arrive and claim them in one go
+                        await asyncio.sleep(_GATHER_S)
+                        continue
             try:
                 async with asyncio.timeout(idle):
                     await self._wake.wait()  # work submitted or released here, or a free slot
