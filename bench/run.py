@@ -139,6 +139,10 @@ def tables(s: dict[str, Any], d: dict[str, Any] | None, runs: int) -> tuple[str,
         tp.get("tp_concurrent_sleep10ms"), None)
     row("sasflow", "concurrent, 256 in flight", "WAL, FULL", tp.get("tp_full_concurrent_noop"),
         tp.get("tp_full_concurrent_sleep10ms"), None)
+    row("sasflow", "all submitted first (roles alone)", "WAL, NORMAL",
+        tp.get("tp_presubmitted_noop"), tp.get("tp_presubmitted_sleep10ms"), None)
+    row("sasflow", "all submitted first (roles alone)", "WAL, FULL",
+        tp.get("tp_full_presubmitted_noop"), tp.get("tp_full_presubmitted_sleep10ms"), None)
     ratios: dict[str, Any] = {}
     if d is not None and "skipped" not in d:
         row("dbos", "direct start_workflow", "rollback journal, FULL", d.get("tp_direct_noop"),

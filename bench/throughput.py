@@ -8,11 +8,15 @@ times submit-all + await-all:
   sequential  one `app.submit` after another (as the peers submit), then
               `app.wait` on each in order;
   concurrent  an asyncio client keeping up to 256 `asubmit` in flight (a web
-              app under load), then `await app.await_` on each in order.
+              app under load), then `await app.await_` on each in order;
+  presubmitted  all N submitted first with no roles running, then the roles are
+              started and timed until all N are done: what the roles alone can
+              do, with no client competing for the interpreter.
 
 wf/s = N / elapsed; steps/s = 3 x wf/s (each task completes 3 steps).
 Keys: tp_noop / tp_sleep10ms are the peers' protocol (sequential, NORMAL);
-tp_concurrent_*, tp_full_*, tp_full_concurrent_* are the other settings.
+tp_concurrent_*, tp_presubmitted_*, tp_full_* (and tp_full_concurrent_*, ...) are
+the other settings.
 
 Usage: python bench/throughput.py [--n 5000] [--concurrency 256]
                                   [--syncs normal,full] [--styles sequential,concurrent]
@@ -43,7 +47,7 @@ VARIANTS = {"noop": 0.0, "sleep10ms": 0.01}
 
 def key_for(sync: str, style: str, variant: str) -> str:
     return "tp" + ("_full" if sync == "full" else "") + (
-        "_concurrent" if style == "concurrent" else "") + f"_{variant}"
+        f"_{style}" if style != "sequential" else "") + f"_{variant}"
 
 
 # ---------------------------------------------------------------- one measurement
@@ -52,6 +56,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     C.remove_db(path)
     app = make_app(C.store_url(path, a.sync))
     task_input = {"sleep": a.sleep} if a.sleep else None
+    if a.style == "presubmitted":
+        return _presubmitted(a, app, path, task_input)
     app.start(concurrency=a.concurrency)
     try:
         for _ in range(WARM_UP):  # the writer thread, reader connections, agent queues
@@ -80,6 +86,29 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "not_processed": not_done}
 
 
+def _presubmitted(a: argparse.Namespace, app: Any, path: str, task_input: Any
+                  ) -> dict[str, Any]:
+    async def submit_all() -> list[str]:
+        return [await app.asubmit(WORKFLOW, task_input) for _ in range(a.n)]
+
+    async def wait_all() -> list[Any]:  # in the roles' own loop: no client thread at all
+        return [await app.await_(i, timeout=STUCK_S) for i in ids]
+
+    ids = app._portal.run(submit_all())  # no roles running yet: nothing is claimed
+    t0 = time.perf_counter()
+    app.start(concurrency=a.concurrency)
+    tasks = app._portal.run(wait_all())
+    elapsed = time.perf_counter() - t0
+    app.stop()
+    C.remove_db(path)
+    not_done = sum(1 for t in tasks if t.state is not TaskState.PROCESSED)
+    return {"n": a.n, "sleep_s": a.sleep, "submission": a.style,
+            "durability": C.DURABILITY[a.sync], "concurrency": a.concurrency,
+            "elapsed_s": round(elapsed, 3), "submit_s": 0.0,
+            "wf_per_s": round(a.n / elapsed, 1), "steps_per_s": round(3 * a.n / elapsed, 1),
+            "not_processed": not_done}
+
+
 async def _concurrent(app: Any, n: int, task_input: Any, t0: float
                       ) -> tuple[float, list[Any]]:
     slots = asyncio.Semaphore(CLIENT_IN_FLIGHT)
@@ -103,14 +132,15 @@ def main() -> None:
     ap.add_argument("--concurrency", default=str(DEFAULT_CONCURRENCY),
                     help="scheduler concurrency; a comma list compares several")
     ap.add_argument("--syncs", default="normal,full")
-    ap.add_argument("--styles", default="sequential,concurrent")
+    ap.add_argument("--styles", default="sequential,concurrent,presubmitted")
     ap.add_argument("--variants", default="noop,sleep10ms")
     ap.add_argument("--budget-s", type=float, default=600.0, help="bound for the whole run")
     ap.add_argument("--child-timeout-s", type=float, default=180.0,
                     help="bound for one measurement")
     # one measurement (child process)
     ap.add_argument("--sync", default="normal", choices=sorted(C.DURABILITY))
-    ap.add_argument("--style", default="sequential", choices=["sequential", "concurrent"])
+    ap.add_argument("--style", default="sequential",
+                    choices=["sequential", "concurrent", "presubmitted"])
     ap.add_argument("--sleep", type=float, default=0.0)
     a = ap.parse_args()
     if a.role == "one":
