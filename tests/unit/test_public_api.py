@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import sasflow
+from sasflow.store.sqlite import SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,13 +101,17 @@ def test_default_store_is_sasflow_db_or_the_environment(
     monkeypatch.delenv("SASFLOW_STORE", raising=False)
     app = sasflow.App()
     try:
-        assert Path(app.store.path) == tmp_path / "sasflow.db"  # type: ignore[attr-defined]
+        store = app.store
+        assert isinstance(store, SQLiteStore)
+        assert Path(store.path) == tmp_path / "sasflow.db"
     finally:
         app.close()
     monkeypatch.setenv("SASFLOW_STORE", f"sqlite:///{tmp_path / 'from-env.db'}")
     app = sasflow.App()
     try:
-        assert Path(app.store.path) == tmp_path / "from-env.db"  # type: ignore[attr-defined]
+        store = app.store
+        assert isinstance(store, SQLiteStore)
+        assert Path(store.path) == tmp_path / "from-env.db"
     finally:
         app.close()
 
