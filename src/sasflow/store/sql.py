@@ -86,8 +86,6 @@ WHERE (? IS NULL OR state = ?) AND (? IS NULL OR workflow = ?)
 ORDER BY created_at, task_id LIMIT ?
 """
 
-COUNT_BY_STATE = "SELECT state, COUNT(*) FROM tasks GROUP BY state"
-
 SELECT_HISTORY = """
 SELECT step, phase, at, actor, epoch, from_state, to_state, why FROM history
 WHERE task_id = ? ORDER BY id

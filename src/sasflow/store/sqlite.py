@@ -216,19 +216,12 @@ class SQLiteStore:
         # than a hop to a thread and back
         return _get(self._reader(), task_id)
 
-    def get_sync(self, task_id: str) -> Task | None:
-        return _get(self._reader(), task_id)
-
     async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
                    limit: int = 100) -> list[Task]:
         value = state.value if state is not None else None
         rows = await self._read(lambda c: c.execute(
             sql.LIST_TASKS, (value, value, workflow, workflow, limit)).fetchall())
         return [_task(row) for row in rows]
-
-    async def count_by_state(self) -> dict[str, int]:
-        rows = await self._read(lambda c: c.execute(sql.COUNT_BY_STATE).fetchall())
-        return {state: n for state, n in rows}
 
     async def history(self, task_id: str) -> list[HistoryEntry]:
         rows = await self._read(lambda c: c.execute(sql.SELECT_HISTORY, (task_id,)).fetchall())
