@@ -565,3 +565,23 @@ async def test_now_is_the_stores_clock(store: Store, clock: Clock) -> None:
     assert store.now() == clock.now
     clock.advance(10)
     assert store.now() == clock.now
+
+
+async def test_an_operator_retry_resets_the_steps_failure_count(store: Store,
+                                                                clock: Clock) -> None:
+    """E8: after a retry the failed step starts again from 0 failures, as planned."""
+    plan = PLANS["alerting"]
+    await submitted(store, "o-1", workflow="alerting")
+    while (task := await store.get("o-1")) is not None and task.state is TaskState.PENDING:
+        await store.claim("s1", 1, PLANS)
+        clock.advance(10)
+        expired = await store.get("o-1")
+        assert expired is not None
+        assert await store.apply(plan.expire(expired, "sup", clock.now))
+        clock.advance(10)
+    assert task is not None and task.state is TaskState.ERROR
+    assert task.steps[0].failure_count > 0
+    assert await store.apply(plan.retry(task, clock.now))
+    stored = await store.get("o-1")
+    assert stored is not None
+    assert (stored.state, stored.steps[0].failure_count) == (TaskState.PENDING, 0)

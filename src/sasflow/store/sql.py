@@ -41,7 +41,8 @@ WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ?
   AND (? IS NULL OR complete_by < ?)
 """
 
-# failure_count < 0 in the new values means "reset to 0" (operator retry).
+# The last parameter < 0 means "reset the failure count to 0" (operator retry); it
+# comes apart from the inserted value, which is clamped at 0.
 UPSERT_STEP = """
 INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,
                    complete_by, idempotency_key, result, error, in_doubt, updated_at)
@@ -49,7 +50,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?, MAX(?, 0), ?, ?, ?, ?, ?, ?)
 ON CONFLICT (task_id, phase, idx) DO UPDATE SET
     state = excluded.state,
     attempts = steps.attempts + excluded.attempts,
-    failure_count = CASE WHEN excluded.failure_count < 0 THEN 0
+    failure_count = CASE WHEN ? < 0 THEN 0
                          ELSE steps.failure_count + excluded.failure_count END,
     complete_by = COALESCE(excluded.complete_by, steps.complete_by),
     result = COALESCE(excluded.result, steps.result),

@@ -343,7 +343,7 @@ def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Defer
         deferred.add(sql.UPSERT_STEP, (
             t.task_id, unit.phase.value, unit.index, unit.name, unit.agent, unit.state.value,
             int(unit.started), failures, unit.complete_by, unit.idempotency_key, result,
-            unit.error, int(unit.in_doubt), now))
+            unit.error, int(unit.in_doubt), now, failures))
         if unit.phase is Phase.UNDO:  # the step shows where its undo stands
             shown = StepState.COMPENSATED if unit.state is StepState.COMPENSATED else (
                 StepState.COMPENSATING)
