@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sasflow.errors import ConfigurationError
+from sasflow.errors import ConfigurationError, MissingExtraError
 from sasflow.store.base import Store
 
 __all__ = ["Store", "open_store"]
@@ -22,7 +22,16 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None,
 
         return SQLiteStore.from_url(url, clock=clock, create=create)
     if url.startswith(("postgresql:", "postgres:")):
-        raise ConfigurationError("the PostgreSQL store is not available in this version")
+        try:
+            from sasflow.store.postgres import PostgresStore
+        except ModuleNotFoundError as error:
+            if error.name not in ("psycopg", "psycopg_pool"):
+                raise
+            raise MissingExtraError(
+                "the PostgreSQL store needs psycopg: pip install 'sasflow[postgres]'"
+            ) from error
+
+        return PostgresStore.from_url(url, clock=clock, create=create)
     raise ConfigurationError(
         f"unknown store URL {url!r}: expected sqlite:///PATH or postgresql://..."
     )

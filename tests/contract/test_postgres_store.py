@@ -1,0 +1,265 @@
+"""What the PostgreSQL store adds to the store contract: the caller's transaction
+(E1), SKIP LOCKED claims (M1), the database clock, migrations, retried conflicts.
+
+Each test runs on a private schema of the local server (conftest STORES).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from test_store_contract import PLANS, Clock, StoreFactory, new_task, submitted
+
+from sasflow import AgentRequest, App, Step
+from sasflow.errors import MissingExtraError, StoreError
+from sasflow.model import Task, TaskState
+from sasflow.store import open_store
+from sasflow.store.postgres import PostgresStore
+
+on_postgres = pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
+
+
+def postgres(make_store: StoreFactory, clock: Clock | None = None) -> PostgresStore:
+    store = make_store(clock=clock)
+    assert isinstance(store, PostgresStore)
+    return store
+
+
+def business_table(conninfo: str) -> None:
+    with psycopg.connect(conninfo) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY)")
+
+
+@on_postgres
+async def test_submit_in_commits_with_the_callers_transaction(make_store: StoreFactory,
+                                                              clock: Clock) -> None:
+    """E1: the task and the caller's own row commit together, in the caller's transaction."""
+    store = postgres(make_store, clock)
+    await store.get("warm-up")  # the schema exists once the store has opened
+    business_table(store.conninfo)
+    with psycopg.connect(store.conninfo) as conn:
+        conn.execute("INSERT INTO orders VALUES ('o-1')")
+        assert store.submit_in(conn, new_task("o-1"))
+        # not committed yet: another connection (the store's pool) does not see it
+        assert await store.get("o-1") is None
+        conn.commit()
+    task = await store.get("o-1")
+    assert task is not None and task.state is TaskState.PENDING
+
+
+@on_postgres
+async def test_submit_in_rolls_back_with_the_callers_transaction(make_store: StoreFactory,
+                                                                 clock: Clock) -> None:
+    """E1: when the caller's transaction rolls back, neither its row nor the task exist."""
+    store = postgres(make_store, clock)
+    await store.get("warm-up")
+    business_table(store.conninfo)
+    with psycopg.connect(store.conninfo) as conn:
+        conn.execute("INSERT INTO orders VALUES ('o-1')")
+        assert store.submit_in(conn, new_task("o-1", reply_to="status"))
+        conn.rollback()
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (0,)
+    assert await store.get("o-1") is None
+    assert await store.history("o-1") == []
+    assert await store.take_outbox(None, 10) == []
+
+
+@on_postgres
+async def test_submit_joins_an_async_connections_transaction(make_store: StoreFactory,
+                                                             clock: Clock) -> None:
+    """E1 from async code: submit(connection=AsyncConnection) commits with the caller."""
+    store = postgres(make_store, clock)
+    await store.get("warm-up")
+    business_table(store.conninfo)
+    async with await psycopg.AsyncConnection.connect(store.conninfo) as conn:
+        await conn.execute("INSERT INTO orders VALUES ('o-1')")
+        assert await store.submit(new_task("o-1"), connection=conn)
+        assert await store.get("o-1") is None
+        await conn.rollback()
+        assert await store.submit(new_task("o-2"), connection=conn)
+        await conn.commit()
+    assert await store.get("o-1") is None
+    assert await store.get("o-2") is not None
+
+
+@on_postgres
+async def test_submit_blocking_writes_from_outside_the_event_loop(make_store: StoreFactory,
+                                                                  clock: Clock) -> None:
+    """The sync facade's submit works from a plain thread and is idempotent too."""
+    store = postgres(make_store, clock)
+    assert await asyncio.to_thread(store.submit_blocking, new_task("o-1"))
+    assert not await asyncio.to_thread(store.submit_blocking, new_task("o-1"))
+    task = await store.get("o-1")
+    assert task is not None and len(task.steps) == 3
+
+
+@on_postgres
+async def test_a_claim_skips_tasks_locked_elsewhere_instead_of_waiting(
+        make_store: StoreFactory, clock: Clock) -> None:
+    """M1: a row another transaction holds is passed over at once (SKIP LOCKED), not waited for."""
+    store = postgres(make_store, clock)
+    await submitted(store, "t1", "t2", "t3")
+    async with await psycopg.AsyncConnection.connect(store.conninfo) as other:
+        await other.execute("SELECT 1 FROM tasks WHERE task_id = 't1' FOR UPDATE")
+        started = time.monotonic()
+        got = await asyncio.wait_for(store.claim("s1", 10, PLANS), timeout=5)
+        assert time.monotonic() - started < 2
+        assert sorted(t.task_id for t in got) == ["t2", "t3"]
+        await other.rollback()
+    assert [t.task_id for t in await store.claim("s2", 10, PLANS)] == ["t1"]
+
+
+@on_postgres
+async def test_claims_by_many_stores_never_overlap(make_store: StoreFactory,
+                                                   clock: Clock) -> None:
+    """M1 across four hosts racing for 200 tasks: every task claimed exactly once."""
+    stores = [postgres(make_store, clock) for _ in range(4)]
+    ids = [f"t{n:03}" for n in range(200)]
+    for chunk in range(0, 200, 50):
+        await asyncio.gather(*(stores[0].submit(new_task(i)) for i in ids[chunk:chunk + 50]))
+    owners: dict[str, list[str]] = {}
+
+    async def keep_claiming(n: int, store: PostgresStore) -> None:
+        while got := await store.claim(f"host-{n}", 9, PLANS):
+            for task in got:
+                owners.setdefault(task.task_id, []).append(f"host-{n}")
+
+    await asyncio.gather(*(keep_claiming(n, s) for n, s in enumerate(stores)))
+    assert sorted(owners) == ids
+    assert all(len(hosts) == 1 for hosts in owners.values())
+    for task in await stores[1].list_tasks(limit=500):
+        assert (task.locked_by, task.epoch) == (owners[task.task_id][0], 1)
+
+
+@on_postgres
+async def test_without_an_injected_clock_now_is_the_databases_clock(
+        make_store: StoreFactory) -> None:
+    """DESIGN invariant 3: deadlines are set from the database's clock, not the host's."""
+    store = postgres(make_store)
+    await submitted(store, "t1")
+    assert len(await store.claim("s1", 1, PLANS)) == 1
+    async with await psycopg.AsyncConnection.connect(store.conninfo) as conn:
+        row = await (await conn.execute(
+            "SELECT extract(epoch FROM clock_timestamp())::float8, complete_by,"
+            " extract(epoch FROM clock_timestamp())::float8 - created_at FROM tasks")).fetchone()
+    assert row is not None
+    db_now, complete_by, age = row
+    assert abs(store.now() - db_now) < 0.5
+    assert 0 <= age < 5
+    assert db_now + 4.0 < complete_by <= db_now + 5.0  # reserve's timeout is 5 s
+
+
+@on_postgres
+async def test_a_serialization_failure_is_retried(make_store: StoreFactory,
+                                                  clock: Clock) -> None:
+    """A transaction the server aborts with SQLSTATE 40001 is run again, not reported."""
+    store = postgres(make_store, clock)
+    assert await store.acquire_lease("leader", "a", 10) == 1
+    attempts = 0
+
+    async def job(conn: psycopg.AsyncConnection[Any]) -> None:
+        nonlocal attempts
+        attempts += 1
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        await conn.execute("SELECT holder FROM leases")  # the snapshot is taken here
+        if attempts == 1:  # someone else changes the row after our snapshot
+            async with await psycopg.AsyncConnection.connect(store.conninfo,
+                                                             autocommit=True) as other:
+                await other.execute("UPDATE leases SET expires_at = expires_at + 1")
+        await conn.execute("UPDATE leases SET holder = 'b'")
+
+    await store._run(job)
+    assert attempts == 2
+    assert await store.acquire_lease("leader", "b", 10) == 1
+
+
+@on_postgres
+async def test_migrations_run_once_when_stores_open_together(make_store: StoreFactory,
+                                                             clock: Clock) -> None:
+    """Stores opening an empty schema at the same moment apply each migration once."""
+    stores = [postgres(make_store, clock) for _ in range(4)]
+    await asyncio.gather(*(s.get("x") for s in stores))
+    async with await psycopg.AsyncConnection.connect(stores[0].conninfo) as conn:
+        rows = await (await conn.execute("SELECT version FROM schema_migrations")).fetchall()
+    assert rows == [("0001_initial.sql",)]
+
+
+@on_postgres
+async def test_a_store_opened_without_create_refuses_an_empty_database(
+        make_store: StoreFactory, clock: Clock) -> None:
+    """create=False (read-only commands) is an error on a schema never migrated."""
+    url = postgres(make_store, clock).conninfo
+    store = open_store(url, clock=clock, create=False)
+    try:
+        with pytest.raises(StoreError, match="db upgrade"):
+            await store.get("x")
+    finally:
+        await store.close()
+
+
+def test_without_psycopg_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The postgres URL without the driver installed says which extra to install."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.delitem(sys.modules, "sasflow.store.postgres", raising=False)
+    with pytest.raises(MissingExtraError, match=r"sasflow\[postgres\]"):
+        open_store("postgresql://postgres@127.0.0.1:5432/test")
+
+
+@on_postgres
+async def test_reads_survive_the_servers_end_of_a_pooled_connection(
+        make_store: StoreFactory, clock: Clock) -> None:
+    """A connection the server ended (restart, idle kill) is replaced; a read still answers."""
+    name = f"sasflow-{uuid.uuid4().hex[:12]}"  # this store's connections only
+    url = postgres(make_store, clock).conninfo
+    store = PostgresStore.from_url(f"{url}&application_name={name}", clock=clock)
+    try:
+        await submitted(store, "t1")
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+            cur = await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                      " WHERE application_name = %s", (name,))
+            assert (await cur.fetchall()) == [(True,)]
+        task = await store.get("t1")
+        assert task is not None and task.task_id == "t1"
+        assert await store.submit(new_task("t2"))
+    finally:
+        await store.close()
+
+
+@on_postgres
+async def test_an_app_runs_orders_to_the_end_on_postgres(make_store: StoreFactory) -> None:
+    """The actors, unchanged, drive tasks to processed on this store; E1 through the App."""
+    url = postgres(make_store).conninfo
+    app = App(store=url)
+
+    @app.agent("inventory")
+    def reserve(req: AgentRequest) -> dict[str, Any]:
+        return {"reserved": req.input["order_id"]}
+
+    @app.agent("payments")
+    async def charge(req: AgentRequest) -> dict[str, Any]:
+        return {"charged": req.input["order_id"], "after": req.results["reserve"]}
+
+    app.workflow("process-order", steps=[Step("reserve", agent="inventory", timeout=5.0),
+                                         Step("charge", agent="payments", timeout=5.0)])
+
+    def run() -> list[Task]:
+        app.start()
+        try:
+            ids = [app.submit("process-order", {"order_id": n}, task_id=f"order-{n}")
+                   for n in range(20)]
+            with psycopg.connect(url) as conn:  # E1: with the caller's transaction
+                ids.append(app.submit("process-order", {"order_id": 99}, task_id="order-99",
+                                      connection=conn))
+            return [app.wait(task_id, timeout=20) for task_id in ids]
+        finally:
+            app.stop()
+
+    done = await asyncio.to_thread(run)
+    assert [t.state for t in done] == [TaskState.PROCESSED] * 21
+    assert done[-1].steps[1].result == {"charged": 99, "after": {"reserved": 99}}
