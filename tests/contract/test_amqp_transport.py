@@ -1,0 +1,294 @@
+"""What the RabbitMQ transport promises beyond the shared contract (SPEC S4, issue 3).
+
+Run against the real broker at 127.0.0.1:5672. A process killed with SIGKILL
+leaves its unacked message to another consumer; ``publish`` returns only once
+the broker confirmed (shown by holding back the broker's answers in a loopback
+proxy); messages are persistent in durable queues; a severed connection is
+restored, consumers included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractRobustConnection
+
+from sasflow.errors import MissingExtraError, TransportError
+from sasflow.transport import Transport, open_transport
+
+BROKER = "amqp://guest:guest@127.0.0.1:5672/"
+# queues expire once unused; those a test creates are also deleted at its end
+OPTIONS = "?queue_expires=20&reconnect_interval=0.1"
+URL = BROKER + OPTIONS
+
+
+@pytest.fixture
+async def broker() -> AsyncIterator[AbstractRobustConnection]:
+    """A plain aio-pika connection to look at the broker from outside the transport."""
+    connection = await aio_pika.connect_robust(BROKER)
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+async def queue(broker: AbstractRobustConnection) -> AsyncIterator[str]:
+    """A queue name private to this test; the queue is deleted at its end."""
+    name = f"amqp-test.{uuid.uuid4().hex[:12]}"
+    yield name
+    channel = await broker.channel()
+    await channel.queue_delete(name)
+    await channel.close()
+
+
+@pytest.fixture
+async def transports() -> AsyncIterator[Callable[..., Transport]]:
+    opened: list[Transport] = []
+
+    def make(url: str = URL) -> Transport:
+        transport = open_transport(url)
+        opened.append(transport)
+        return transport
+
+    yield make
+    for transport in opened:
+        await transport.close()
+
+
+async def message_count(broker: AbstractRobustConnection, queue: str) -> int:
+    channel = await broker.channel()
+    try:
+        declared = await channel.declare_queue(queue, passive=True)
+        count = declared.declaration_result.message_count
+        assert count is not None
+        return count
+    finally:
+        await channel.close()
+
+
+async def until(predicate: Callable[[], object], seconds: float = 5.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+class Proxy:
+    """A loopback TCP proxy to the broker that can hold back its answers or cut the line."""
+
+    def __init__(self) -> None:
+        self.answers = asyncio.Event()
+        self.answers.set()
+        self.writers: list[asyncio.StreamWriter] = []
+        self.pumps: set[asyncio.Task[None]] = set()
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 5672)
+        self.writers += [writer, up_writer]
+        for task in (self._pump(reader, up_writer, None),
+                     self._pump(up_reader, writer, self.answers)):
+            pump = asyncio.create_task(task)
+            self.pumps.add(pump)
+            pump.add_done_callback(self.pumps.discard)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    gate: asyncio.Event | None) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if gate is not None:
+                    await gate.wait()
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def cut(self) -> None:
+        """Drop every open connection, as a broker restart does."""
+        for writer in self.writers:
+            writer.transport.abort()
+        self.writers.clear()
+
+    async def stop(self) -> None:
+        self.answers.set()
+        self.cut()
+        assert self._server is not None
+        self._server.close()
+        for pump in list(self.pumps):
+            pump.cancel()
+        await asyncio.gather(*self.pumps, return_exceptions=True)
+        await self._server.wait_closed()
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[Proxy]:
+    started = Proxy()
+    await started.start()
+    yield started
+    await started.stop()
+
+
+CONSUMER = """
+import asyncio, sys
+from sasflow.transport import open_transport
+
+async def main():
+    transport = open_transport(sys.argv[1])
+
+    async def stuck(body):
+        print("got", body.decode(), flush=True)
+        await asyncio.sleep(3600)
+
+    await transport.consume(sys.argv[2], stuck, prefetch=1)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_killed_consumers_unacked_message_goes_to_another_consumer(
+        transports: Callable[..., Transport], queue: str) -> None:
+    """A consumer process killed with SIGKILL before acking: another consumer gets the message."""
+    transport = transports()
+    await transport.publish(queue, b"unfinished")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CONSUMER, URL, queue, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(20):
+            line = await process.stdout.readline()
+        assert line == b"got unfinished\n"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+        await process.wait()
+    got: list[bytes] = []
+
+    async def collect(body: bytes) -> None:
+        got.append(body)
+
+    consumer = asyncio.create_task(transport.consume(queue, collect, prefetch=1))
+    try:
+        await until(lambda: got)
+        assert got == [b"unfinished"]
+    finally:
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+
+
+async def test_publish_returns_only_once_the_broker_confirmed(
+        transports: Callable[..., Transport], proxy: Proxy, queue: str,
+        broker: AbstractRobustConnection) -> None:
+    """The broker has the message but its confirm is held back: publish keeps waiting."""
+    transport = transports(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{OPTIONS}")
+    await transport.publish(queue, b"first")  # connected, queue declared
+    proxy.answers.clear()
+    sending = asyncio.create_task(transport.publish(queue, b"second"))
+    counted = 0
+
+    async def broker_has_both() -> None:
+        nonlocal counted
+        while (counted := await message_count(broker, queue)) < 2:
+            await asyncio.sleep(0.01)
+
+    async with asyncio.timeout(5):
+        await broker_has_both()
+    await asyncio.sleep(0.2)
+    assert not sending.done(), "publish returned before the broker's confirm arrived"
+    proxy.answers.set()
+    async with asyncio.timeout(5):
+        await sending
+    assert counted == 2
+
+
+async def test_messages_are_persistent_in_durable_queues(
+        transports: Callable[..., Transport], queue: str,
+        broker: AbstractRobustConnection) -> None:
+    """Messages survive a broker restart: persistent delivery mode, durable queue."""
+    await transports().publish(queue, b"keep me")
+    channel = await broker.channel()
+    try:
+        declared = await channel.declare_queue(
+            queue, durable=True, arguments={"x-expires": 20_000})  # same: accepted
+        message = await declared.get(timeout=5)
+        assert message.body == b"keep me"
+        assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        await message.nack(requeue=True)
+        with pytest.raises(aio_pika.exceptions.ChannelPreconditionFailed):
+            await channel.declare_queue(queue, durable=False, arguments={"x-expires": 20_000})
+    finally:
+        with contextlib.suppress(Exception):
+            await channel.close()
+
+
+async def test_a_queue_deleted_under_the_publisher_is_declared_again(
+        transports: Callable[..., Transport], queue: str,
+        broker: AbstractRobustConnection) -> None:
+    """Publishing to a queue removed since it was declared recreates it; nothing is dropped."""
+    transport = transports()
+    await transport.publish(queue, b"one")
+    channel = await broker.channel()
+    await channel.queue_delete(queue)
+    await channel.close()
+    await transport.publish(queue, b"two")
+    assert await message_count(broker, queue) == 1
+
+
+async def test_consuming_and_publishing_resume_after_the_connection_is_cut(
+        transports: Callable[..., Transport], proxy: Proxy, queue: str) -> None:
+    """A lost broker connection is restored (robust): the consumer and publisher go on."""
+    transport = transports(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{OPTIONS}")
+    got: list[bytes] = []
+
+    async def collect(body: bytes) -> None:
+        got.append(body)
+
+    consumer = asyncio.create_task(transport.consume(queue, collect, prefetch=4))
+    try:
+        await transport.publish(queue, b"before")
+        await until(lambda: got == [b"before"])
+        proxy.cut()
+        await transport.publish(queue, b"after")  # waits for the reconnect, then sends
+        await until(lambda: b"after" in got, seconds=10)
+        assert transport.has_consumer(queue)
+    finally:
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+
+
+async def test_a_body_over_the_limit_is_refused_before_connecting() -> None:
+    """The size check needs no broker: nothing is sent, the error names the limit."""
+    transport = open_transport("amqp://guest:guest@127.0.0.1:1/", max_message_bytes=10)
+    try:
+        with pytest.raises(TransportError, match="11 bytes to q is over the limit of 10 bytes"):
+            await transport.publish("q", b"x" * 11)
+    finally:
+        await transport.close()
+
+
+async def test_an_unreachable_broker_is_a_transport_error() -> None:
+    """Connecting to a port with no broker fails fast with TransportError, password hidden."""
+    transport = open_transport("amqp://guest:secret@127.0.0.1:1/")
+    try:
+        with pytest.raises(TransportError, match="cannot connect to RabbitMQ") as caught:
+            await transport.publish("q", b"x")
+        assert "secret" not in str(caught.value)
+    finally:
+        await transport.close()
+
+
+def test_without_aio_pika_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No aio-pika installed: MissingExtraError with the pip install line."""
+    monkeypatch.setitem(sys.modules, "aio_pika", None)
+    monkeypatch.delitem(sys.modules, "sasflow.transport.amqp", raising=False)
+    with pytest.raises(MissingExtraError, match=r"pip install 'sasflow\[rabbitmq\]'"):
+        open_transport("amqp://guest:guest@127.0.0.1:5672/")
