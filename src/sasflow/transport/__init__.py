@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sasflow.errors import ConfigurationError
+from sasflow.errors import ConfigurationError, MissingExtraError
 from sasflow.transport.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Handler,
@@ -21,7 +21,25 @@ def open_transport(url: str | None, *,
         from sasflow.transport.memory import MemoryTransport
 
         return MemoryTransport(max_message_bytes=max_message_bytes)
-    if url.startswith(("amqp://", "amqps://", "redis://", "rediss://")):
-        raise ConfigurationError(f"the transport {url.split(':')[0]} is not available yet")
+    if url.startswith(("amqp://", "amqps://")):
+        try:
+            from sasflow.transport.amqp import AmqpTransport
+        except ImportError as error:
+            if error.name not in ("aio_pika", "aiormq"):
+                raise
+            raise MissingExtraError(
+                "the RabbitMQ transport needs aio-pika: pip install 'sasflow[rabbitmq]'"
+            ) from error
+        return AmqpTransport(url, max_message_bytes=max_message_bytes)
+    if url.startswith(("redis://", "rediss://")):
+        try:
+            from sasflow.transport.redis import RedisTransport
+        except ImportError as error:
+            if error.name is None or not error.name.startswith("redis"):
+                raise
+            raise MissingExtraError(
+                "the Redis transport needs redis-py: pip install 'sasflow[redis]'"
+            ) from error
+        return RedisTransport(url, max_message_bytes=max_message_bytes)
     raise ConfigurationError(
         f"unknown transport URL {url!r}: expected memory, amqp://... or redis://...")

@@ -1,0 +1,354 @@
+"""Redis Streams transport (extra ``redis``): ``redis://host:port/db`` or ``rediss://``.
+
+Each queue is a stream with one consumer group (``sasflow``); every ``consume``
+call is a consumer of that group with a name unique to the process and call.
+A message is ``XADD``-ed, read with ``XREADGROUP``, and ``XACK``-ed (then
+``XDEL``-ed, so streams stay short) only after its handler returned. A handler
+that raises, or is cancelled, has its entry put back at once (re-added, then
+acked, atomically in one script) so the next consumer gets it promptly. A
+consumer that dies without acking leaves its entries pending; every consumer
+periodically takes over entries idle longer than the visibility timeout with
+``XAUTOCLAIM``, and keeps its own in-flight entries fresh with ``XCLAIM`` so a
+slow handler is not mistaken for a dead one.
+
+URL options (query string): ``prefix`` (key prefix, default none),
+``visibility_timeout`` (seconds, default 30), ``maxlen`` (approximate stream cap).
+
+redis-py is used because it is the maintained, official client and has asyncio
+built in (``redis.asyncio``), with connection pools and TLS; no second library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import random
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from sasflow.errors import ConfigurationError, TransportError
+from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
+
+__all__ = ["RedisTransport"]
+
+log = logging.getLogger(__name__)
+
+GROUP = "sasflow"
+FIELD = b"body"
+_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
+_T = TypeVar("_T")
+
+# Put entries back: re-add each one still pending (XACK says so, so an entry
+# another consumer already acked is never duplicated) and drop the original.
+_REQUEUE = """
+local n = 0
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  if redis.call('XACK', KEYS[1], ARGV[1], id) == 1 then
+    local e = redis.call('XRANGE', KEYS[1], id, id)
+    if #e == 1 then
+      redis.call('XADD', KEYS[1], '*', unpack(e[1][2]))
+      n = n + 1
+    end
+    redis.call('XDEL', KEYS[1], id)
+  end
+end
+return n
+"""
+
+# A consumer leaving: forget it if it holds nothing, and delete the stream when
+# it is empty and nobody else consumes it (per-instance reply queues would pile
+# up otherwise). Atomic, so a message published meanwhile is never dropped.
+_LEAVE = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('XLEN', KEYS[1]) > 0 then return 0 end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups ~= 1 then return 0 end
+local g = groups[1]
+for i = 1, #g, 2 do
+  if (g[i] == 'consumers' or g[i] == 'pending') and g[i + 1] ~= 0 then return 0 end
+end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+def _options(url: str) -> tuple[str, dict[str, str]]:
+    """Split sasflow's own query options from the URL redis-py understands."""
+    parts = urlsplit(url)
+    ours, theirs = {}, []
+    for key, value in parse_qsl(parts.query):
+        if key in ("prefix", "visibility_timeout", "maxlen"):
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+
+
+class RedisTransport:
+    shared = True
+
+    def __init__(self, url: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 visibility_timeout: float | None = None, prefix: str | None = None,
+                 maxlen: int | None = None, block_seconds: float = 1.0) -> None:
+        redis_url, options = _options(url)
+        try:
+            self.visibility_timeout = float(
+                visibility_timeout if visibility_timeout is not None
+                else options.get("visibility_timeout", 30.0))
+            self.maxlen = maxlen if maxlen is not None else (
+                int(options["maxlen"]) if "maxlen" in options else None)
+        except ValueError as exc:
+            raise ConfigurationError(f"bad option in transport URL {url!r}: {exc}") from exc
+        self.prefix = prefix if prefix is not None else options.get("prefix", "")
+        self.max_message_bytes = max_message_bytes
+        self.block_seconds = block_seconds
+        # No retries inside redis-py: this module retries itself, so that a lost
+        # connection is seen and the entries it may have delivered are recovered.
+        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+            redis_url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=5.0,
+            # bounds every read, so a half-dead connection is noticed and replaced
+            socket_timeout=block_seconds + 10.0)
+        self._requeue = self._redis.register_script(_REQUEUE)
+        self._leave = self._redis.register_script(_LEAVE)
+        self._instance = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self._calls = itertools.count(1)
+        self._consumed: dict[str, int] = {}
+
+    def _key(self, queue: str) -> str:
+        return self.prefix + queue
+
+    async def _retrying(self, op: Callable[[], Awaitable[_T]], what: str,
+                        attempts: int = 5) -> _T:
+        """Run `op`, retrying a lost connection with jittered backoff."""
+        for attempt in itertools.count(1):
+            try:
+                return await op()
+            except _LOST as exc:
+                if attempt >= attempts:
+                    raise TransportError(f"redis unreachable while {what}: {exc}") from exc
+                await asyncio.sleep(_backoff(attempt))
+        raise AssertionError("unreachable")
+
+    async def publish(self, queue: str, body: bytes) -> None:
+        if len(body) > self.max_message_bytes:
+            raise TransportError(
+                f"message of {len(body)} bytes to {queue} is over the limit of"
+                f" {self.max_message_bytes} bytes")
+        key = self._key(queue)
+
+        async def add() -> Any:
+            return await self._redis.xadd(key, {FIELD: body}, maxlen=self.maxlen,
+                                          approximate=True)
+
+        try:
+            await self._retrying(add, f"publishing to {queue}")
+        except RedisError as exc:
+            raise TransportError(f"cannot publish to {queue}: {exc}") from exc
+
+    async def _join_group(self, key: str, consumer: str) -> None:
+        try:
+            # id 0: messages published before the first consumer are delivered too
+            await self._redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        # registered now, not at its first delivery, so that a consumer leaving
+        # sees this one and keeps the stream
+        await self._redis.xgroup_createconsumer(key, GROUP, consumer)
+
+    async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> None:
+        key = self._key(queue)
+        consumer = f"{self._instance}.{next(self._calls)}"
+        slots = max(1, prefetch)
+        running: dict[bytes, asyncio.Task[None]] = {}
+        room = asyncio.Event()
+        # its own connection: a blocked XREADGROUP must not hold a pooled one
+        reader = self._redis.client()
+        loop = asyncio.get_running_loop()
+
+        async def handle(entry_id: bytes, body: bytes) -> None:
+            try:
+                try:
+                    await handler(body)
+                except Exception:
+                    log.debug("handler for %s raised; message put back", queue, exc_info=True)
+                    await self._retrying(lambda: self._requeue(keys=[key], args=[GROUP, entry_id]),
+                                         f"putting back a message of {queue}")
+                else:
+                    await self._retrying(lambda: self._ack(key, entry_id),
+                                         f"acking a message of {queue}")
+            except TransportError:
+                # left pending: recovered after the visibility timeout
+                log.warning("could not settle a message of %s", queue, exc_info=True)
+            finally:
+                running.pop(entry_id, None)
+                room.set()
+
+        def start(entries: list[tuple[bytes, dict[bytes, bytes] | None]]) -> None:
+            for entry_id, fields in entries:
+                if entry_id in running or not fields or FIELD not in fields:
+                    continue
+                running[entry_id] = asyncio.ensure_future(handle(entry_id, fields[FIELD]))
+
+        self._consumed[queue] = self._consumed.get(queue, 0) + 1
+        interval = max(0.05, self.visibility_timeout / 3)
+        next_sweep, failures, recover = 0.0, 0, False
+        beat = asyncio.ensure_future(self._heartbeat(key, consumer, running, interval))
+        try:
+            while True:
+                _raise_if_cancelled()
+                while len(running) >= slots:
+                    room.clear()
+                    await room.wait()
+                free = slots - len(running)
+                try:
+                    if failures or next_sweep == 0.0:
+                        await self._join_group(key, consumer)
+                    if recover:
+                        # what this consumer was handed but may never have received
+                        # (its history includes the entries being handled: skipped)
+                        held = _entries(await reader.xreadgroup(
+                            GROUP, consumer, {key: "0"}, count=free + len(running)))
+                        gone = [i for i, fields in held if not fields]
+                        if gone:  # deleted meanwhile: nothing left to deliver
+                            await self._redis.xack(key, GROUP, *gone)
+                        start(held)
+                        recover = False
+                        failures = 0
+                        continue
+                    if loop.time() >= next_sweep:
+                        next_sweep = loop.time() + interval
+                        claimed = await self._redis.xautoclaim(
+                            key, GROUP, consumer, int(self.visibility_timeout * 1000),
+                            count=free)
+                        start([(i, f) for i, f in claimed[1]])
+                        if len(running) >= slots:
+                            continue
+                        free = slots - len(running)
+                    entries = _entries(await self._blocking_read(
+                        reader.xreadgroup(GROUP, consumer, {key: ">"}, count=free,
+                                          block=max(1, int(1000 * min(
+                                              self.block_seconds, next_sweep - loop.time()))))))
+                    failures = 0
+                    start(entries)
+                except _LOST as exc:
+                    _raise_if_cancelled()  # being stopped: not a reason to reconnect
+                    failures += 1
+                    recover = True
+                    log.warning("redis connection lost consuming %s (%s); reconnecting",
+                                queue, exc)
+                    await asyncio.sleep(_backoff(failures))
+                except ResponseError as exc:
+                    if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
+                        raise TransportError(f"cannot consume {queue}: {exc}") from exc
+                    # the stream was deleted or Redis restarted empty: join again
+                    failures += 1
+                    await asyncio.sleep(_backoff(failures))
+        finally:
+            self._consumed[queue] -= 1
+            for task in [beat, *running.values()]:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(beat, *running.values(), return_exceptions=True)
+            await self._leave_group(key, consumer)
+            with contextlib.suppress(RedisError, OSError):
+                async with asyncio.timeout(self.block_seconds):
+                    await reader.aclose()
+
+    async def _blocking_read(self, read: Awaitable[Any]) -> Any:
+        """Await a blocking XREADGROUP, but let a cancelled consumer stop at once.
+
+        A blocked read interrupted by cancellation does not always give up its
+        connection promptly, so it runs as its own task; whatever it may still
+        have been handed stays pending for this consumer and is put back when
+        the consumer leaves (or taken over after the visibility timeout).
+        """
+        task = asyncio.ensure_future(read)
+        task.add_done_callback(_retrieve)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait([task], timeout=self.block_seconds)
+            raise
+
+    async def _ack(self, key: str, entry_id: bytes) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.xack(key, GROUP, entry_id)
+            pipe.xdel(key, entry_id)
+            await pipe.execute()
+
+    async def _heartbeat(self, key: str, consumer: str,
+                         running: dict[bytes, asyncio.Task[None]], interval: float) -> None:
+        """Keep resetting the idle time of entries being handled, so a slow handler
+        is not mistaken for a dead consumer and its entries taken over."""
+        while True:
+            await asyncio.sleep(interval)
+            _raise_if_cancelled()
+            if running:
+                claim: list[Any] = list(running)
+                with contextlib.suppress(*_LOST, ResponseError):
+                    await self._redis.xclaim(key, GROUP, consumer, 0, claim, justid=True)
+
+    async def _leave_group(self, key: str, consumer: str) -> None:
+        """Put back whatever this consumer still holds, then leave the group."""
+        try:
+            pending = await self._retrying(
+                lambda: self._redis.xpending_range(key, GROUP, "-", "+", 10_000, consumer),
+                "leaving the consumer group", attempts=3)
+            ids = [p["message_id"] for p in pending]
+            if ids:
+                await self._retrying(lambda: self._requeue(keys=[key], args=[GROUP, *ids]),
+                                     "putting back messages", attempts=3)
+            await self._retrying(lambda: self._leave(keys=[key], args=[GROUP, consumer]),
+                                 "leaving the consumer group", attempts=3)
+        except (TransportError, RedisError) as exc:
+            # held entries stay pending and are taken over after the visibility timeout
+            log.warning("could not leave the consumer group of %s cleanly: %s", key, exc)
+
+    def has_consumer(self, queue: str) -> bool:
+        return self._consumed.get(queue, 0) > 0
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+    """The entries of an XREADGROUP reply on one stream (RESP2 list or RESP3 dict)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return [e for stream in reply.values() for e in stream[0]]
+    return [e for _, stream in reply for e in stream]
+
+
+def _raise_if_cancelled() -> None:
+    """Stop a cancelled task even if a library call swallowed its CancelledError."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark an abandoned read's outcome as seen (it is recovered another way)."""
+    if not task.cancelled():
+        task.exception()
+
+
+def _backoff(attempt: int) -> float:
+    return min(2.0, 0.05 * 2.0 ** (attempt - 1)) * (0.5 + random.random() / 2)

@@ -1,0 +1,241 @@
+"""What the Redis Streams transport adds to the transport contract (real Redis).
+
+Redelivery of what a dead consumer left unacked (XAUTOCLAIM after the visibility
+timeout), a slow live consumer keeping its message, reconnecting after Redis
+drops the connections, and no streams left behind. Keys live in database 15
+under a prefix private to each test, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from sasflow.errors import MissingExtraError
+from sasflow.transport import open_transport
+from sasflow.transport.redis import GROUP, RedisTransport
+
+SERVER = "redis://127.0.0.1:6379/15"
+VISIBILITY = 0.3  # seconds: short, so a dead consumer's message comes back quickly
+
+Make = Callable[..., RedisTransport]
+
+
+@pytest.fixture
+async def admin() -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(SERVER)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def make(admin: aioredis.Redis) -> AsyncIterator[Make]:
+    """Transports sharing this test's key prefix; its keys are deleted afterwards."""
+    prefix = f"sasflow-test-{uuid.uuid4().hex[:12]}:"
+    opened: list[RedisTransport] = []
+
+    def open_one(visibility_timeout: float = VISIBILITY) -> RedisTransport:
+        name = f"t{uuid.uuid4().hex[:8]}"
+        transport = RedisTransport(f"{SERVER}?prefix={prefix}&client_name={name}",
+                                   visibility_timeout=visibility_timeout)
+        opened.append(transport)
+        return transport
+
+    yield open_one
+    for transport in opened:
+        await transport.close()
+    keys = [k async for k in admin.scan_iter(match=f"{prefix}*")]
+    if keys:
+        await admin.delete(*keys)
+
+
+class Consumers:
+    def __init__(self) -> None:
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self, transport: RedisTransport, queue: str,
+              handler: Callable[[bytes], Awaitable[None]], prefetch: int = 1) -> None:
+        self.tasks.append(asyncio.create_task(
+            transport.consume(queue, handler, prefetch=prefetch)))
+
+    async def stop_all(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@pytest.fixture
+async def consumers(make: Make) -> AsyncIterator[Consumers]:
+    """Consumers stopped before their transports close (hence the dependency on make)."""
+    started = Consumers()
+    yield started
+    await started.stop_all()
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.changed = asyncio.Event()
+
+    async def __call__(self, body: bytes) -> None:
+        self.bodies.append(body)
+        self.changed.set()
+
+    async def until(self, count: int, seconds: float = 5.0) -> list[bytes]:
+        async with asyncio.timeout(seconds):
+            while len(self.bodies) < count:
+                self.changed.clear()
+                await self.changed.wait()
+        return self.bodies
+
+
+async def kill_connections(admin: aioredis.Redis, transport: RedisTransport) -> int:
+    """CLIENT KILL every connection of `transport` (found by its client name)."""
+    name = transport._redis.connection_pool.connection_kwargs["client_name"]
+    killed = 0
+    for client in await admin.client_list():
+        if client.get("name") == name:
+            await admin.client_kill_filter(_id=client["id"])
+            killed += 1
+    return killed
+
+
+async def test_a_dead_consumers_unacked_message_is_taken_over(
+        make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:
+    """An entry read by a consumer that died unacked is redelivered after the visibility
+    timeout (XAUTOCLAIM), not before, and then acked."""
+    transport = make()
+    key = transport.prefix + "requests"
+    await transport.publish("requests", b"orphan")
+    # a consumer of another process reads it and dies before acking
+    await admin.xgroup_create(key, GROUP, id="0", mkstream=True)
+    await admin.xreadgroup(GROUP, "dead-process", {key: ">"}, count=1)
+    assert (await admin.xpending(key, GROUP))["pending"] == 1
+
+    got = Collector()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    consumers.start(transport, "requests", got)
+    assert await got.until(1) == [b"orphan"]
+    assert loop.time() - started >= VISIBILITY * 0.9  # not stolen while possibly alive
+    await asyncio.sleep(0.1)
+    assert (await admin.xpending(key, GROUP))["pending"] == 0
+    assert got.bodies == [b"orphan"]
+
+
+async def test_a_slow_live_consumer_keeps_its_message(make: Make, admin: aioredis.Redis,
+                                                      consumers: Consumers) -> None:
+    """A handler running for several visibility timeouts is not mistaken for a dead
+    consumer: another consumer never receives its message."""
+    slow_host, other_host = make(), make()
+    release, started = asyncio.Event(), asyncio.Event()
+    handled: list[bytes] = []
+
+    async def slow(body: bytes) -> None:
+        started.set()
+        await release.wait()
+        handled.append(body)
+
+    other = Collector()
+    consumers.start(slow_host, "requests", slow)
+    await slow_host.publish("requests", b"long job")
+    async with asyncio.timeout(5.0):
+        await started.wait()
+    consumers.start(other_host, "requests", other)
+    await asyncio.sleep(VISIBILITY * 4)
+    assert other.bodies == []
+    release.set()
+    await asyncio.sleep(VISIBILITY * 2)
+    assert (other.bodies, handled) == ([], [b"long job"])
+    assert (await admin.xpending(slow_host.prefix + "requests", GROUP))["pending"] == 0
+
+
+async def test_consuming_survives_its_connections_being_killed(
+        make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:
+    """After CLIENT KILL of the transport's connections, the consumer reconnects: the
+    message in flight is acked once, later messages are delivered, none twice."""
+    transport = make(visibility_timeout=30.0)  # redelivery must come from reconnecting
+    key = transport.prefix + "requests"
+    release, started = asyncio.Event(), asyncio.Event()
+    got: list[bytes] = []
+    more = asyncio.Event()
+
+    async def handler(body: bytes) -> None:
+        if body == b"in flight":
+            started.set()
+            await release.wait()
+        got.append(body)
+        if len(got) >= 3:
+            more.set()
+
+    consumers.start(transport, "requests", handler, prefetch=2)
+    await transport.publish("requests", b"in flight")
+    async with asyncio.timeout(5.0):
+        await started.wait()
+    assert await kill_connections(admin, transport) >= 1
+    release.set()  # its ack meets a dead connection first
+    await transport.publish("requests", b"after kill 1")
+    await transport.publish("requests", b"after kill 2")
+    async with asyncio.timeout(10.0):
+        await more.wait()
+    await asyncio.sleep(0.3)
+    assert sorted(got) == [b"after kill 1", b"after kill 2", b"in flight"]
+    assert (await admin.xpending(key, GROUP))["pending"] == 0
+    assert await admin.xlen(key) == 0
+
+
+async def test_a_message_received_over_a_killed_connection_is_recovered(
+        make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:
+    """Connections killed repeatedly while messages flow: every message is still
+    handled, without waiting for the visibility timeout."""
+    transport = make(visibility_timeout=30.0)
+    got = Collector()
+    consumers.start(transport, "requests", got, prefetch=4)
+    sent = [f"m{n}".encode() for n in range(30)]
+    for n, body in enumerate(sent):
+        await transport.publish("requests", body)
+        if n % 10 == 5:
+            await kill_connections(admin, transport)
+    assert sorted(set(await got.until(30, seconds=10.0))) == sorted(sent)
+
+
+async def test_an_unused_empty_stream_is_deleted_when_its_last_consumer_stops(
+        make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:
+    """Per-instance reply queues leave nothing behind in Redis once drained and unused."""
+    transport = make()
+    key = transport.prefix + "reply.s1"
+    got = Collector()
+    consumers.start(transport, "reply.s1", got)
+    await transport.publish("reply.s1", b"reply")
+    await got.until(1)
+    assert await admin.exists(key)
+    await consumers.stop_all()
+    assert not await admin.exists(key)
+
+
+async def test_a_stream_with_messages_is_kept_when_its_consumer_stops(
+        make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:
+    """Stopping a consumer never deletes messages still waiting for the next one."""
+    transport = make()
+    key = transport.prefix + "requests"
+    consumers.start(transport, "requests", Collector())
+    await asyncio.sleep(0.1)
+    await consumers.stop_all()
+    await transport.publish("requests", b"waiting")
+    assert await admin.xlen(key) == 1
+
+
+def test_a_redis_url_without_redis_py_names_the_extra(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without redis-py installed, a redis:// URL says which pip install line is needed."""
+    monkeypatch.setitem(sys.modules, "redis", None)
+    monkeypatch.delitem(sys.modules, "sasflow.transport.redis")
+    with pytest.raises(MissingExtraError, match=r"pip install 'sasflow\[redis\]'"):
+        open_transport("redis://127.0.0.1:6379/15")
