@@ -210,4 +210,4 @@ async def test_cancelling_a_probe_frees_the_half_open_slot(clock: FakeClock) -> 
 def test_bad_policy_is_refused(settings: dict[str, float]) -> None:
     """A policy needs at least one attempt and non-negative waits."""
     with pytest.raises(ValueError, match="attempts must be >= 1"):
-        RetryPolicy(**settings)  # type: ignore[arg-type]
+        RetryPolicy(**settings)  # type: ignore[arg-type]  # bad values on purpose

@@ -97,7 +97,7 @@ def test_empty_workflow_and_non_step_entries_are_refused() -> None:
     with pytest.raises(ConfigurationError, match="has no steps"):
         declare([])
     with pytest.raises(ConfigurationError, match="is not a Step"):
-        declare([("reserve", "inventory")])  # type: ignore[list-item]
+        declare([("reserve", "inventory")])  # type: ignore[list-item]  # wrong on purpose
     with pytest.raises(ConfigurationError, match="workflow name"):
         Workflow.declare("", [Step("a", "inventory")], agents=AGENTS)
 
