@@ -18,6 +18,7 @@ from typing import NoReturn
 import click
 
 from sasflow.cli.commands import demo, submit, worker
+from sasflow.cli.db import db
 from sasflow.cli.operate import alerts, tasks
 from sasflow.errors import SasflowError
 
@@ -39,7 +40,7 @@ def cli() -> None:
     """
 
 
-for command in (demo, worker, submit, tasks, alerts):
+for command in (demo, worker, submit, tasks, alerts, db):
     cli.add_command(command)
 
 
