@@ -100,6 +100,9 @@ class AmqpTransport:
                 f"cannot connect to RabbitMQ at {_redact(self.url)}: {error}") from error
         return connection, publisher
 
+    async def ping(self) -> None:
+        await self._connect()
+
     async def _declare(self, channel: AbstractChannel, queue: str) -> AbstractQueue:
         return await channel.declare_queue(queue, durable=True, arguments=self._arguments)
 

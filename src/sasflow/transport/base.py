@@ -45,6 +45,10 @@ class Transport(Protocol):
         """Deliver `queue`'s messages to `handler`, up to `prefetch` at once, until cancelled."""
         ...
 
+    async def ping(self) -> None:
+        """Return if the transport is reachable; TransportError if not (health checks)."""
+        ...
+
     def has_consumer(self, queue: str) -> bool:
         """Whether this process consumes `queue` (in-process transports only route locally)."""
         ...

@@ -69,6 +69,9 @@ class MemoryTransport:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*running, return_exceptions=True)
 
+    async def ping(self) -> None:
+        """In-process queues are always there."""
+
     def has_consumer(self, queue: str) -> bool:
         return self._consumed.get(queue, 0) > 0
 

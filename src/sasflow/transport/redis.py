@@ -324,6 +324,12 @@ class RedisTransport:
     def has_consumer(self, queue: str) -> bool:
         return self._consumed.get(queue, 0) > 0
 
+    async def ping(self) -> None:
+        try:
+            await self._redis.ping()
+        except (RedisError, OSError) as error:
+            raise TransportError(f"cannot reach Redis: {error}") from error
+
     async def close(self) -> None:
         await self._redis.aclose()
 
