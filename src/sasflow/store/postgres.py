@@ -44,9 +44,7 @@ from psycopg_pool import AsyncConnectionPool
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
 from sasflow.messages import encode
 from sasflow.model import (
-    CompensationRecord,
     Phase,
-    StepRecord,
     StepState,
     Task,
     TaskState,
@@ -55,7 +53,7 @@ from sasflow.model import (
 from sasflow.plan import Plan
 from sasflow.store import pg_sql as q
 from sasflow.store.base import Alert, HistoryEntry, NewTask, OutboxMessage
-from sasflow.store.sqlite import _status, _task
+from sasflow.store.rows import attach_steps, status_row, task_from_row
 from sasflow.transition import UNSET, Transition
 
 __all__ = ["PostgresStore"]
@@ -277,7 +275,7 @@ class PostgresStore:
                          limit: int = 100) -> list[Task]:
         value = state.value if state is not None else None
         rows = await self._fetchall(q.LIST_TASKS, (value, value, workflow, workflow, limit))
-        return [_task(row) for row in rows]
+        return [task_from_row(row) for row in rows]
 
     async def history(self, task_id: str) -> list[HistoryEntry]:
         rows = await self._fetchall(q.SELECT_HISTORY, (task_id,))
@@ -345,7 +343,7 @@ def _submission(task: NewTask, now: float) -> tuple[Sequence[Any], Statements]:
     rest.append((q.INSERT_HISTORY, (task.task_id, None, None, now, "submit", 0, None,
                                     TaskState.PENDING.value, "submitted")))
     if task.reply_to:
-        rest.append((q.INSERT_OUTBOX, _status(task.reply_to, task.task_id, "received",
+        rest.append((q.INSERT_OUTBOX, status_row(task.reply_to, task.task_id, "received",
                                               TaskState.PENDING, None, now)))
     return row, rest
 
@@ -443,7 +441,7 @@ def _consequences(t: Transition, now: float) -> Statements:
             unit.from_state.value if unit.from_state else None, unit.state.value, None)))
     rows[:0] = units
     if t.reply_to:
-        rows.extend((q.INSERT_OUTBOX, _status(t.reply_to, t.task_id, event, t.state, step,
+        rows.extend((q.INSERT_OUTBOX, status_row(t.reply_to, t.task_id, event, t.state, step,
                                               now, t.error))
                     for event, step in t.events)
     if t.alert:
@@ -454,24 +452,10 @@ def _consequences(t: Transition, now: float) -> Statements:
 # ---------------------------------------------------------------- reading
 async def _tasks_with_steps(conn: psycopg.AsyncConnection[Any],
                             rows: Iterable[tuple[Any, ...]]) -> list[Task]:
-    tasks = {task.task_id: task for task in map(_task, rows)}
-    if not tasks:
-        return []
-    cur = await conn.execute(q.SELECT_STEPS, (list(tasks),))
-    undo: list[tuple[Any, ...]] = []
-    for r in await cur.fetchall():
-        if r[1] == Phase.UNDO.value:  # after every step of its task is in place
-            undo.append(r)
-            continue
-        tasks[r[0]].steps.append(StepRecord(
-            name=r[3], agent=r[4], state=StepState(r[5]), attempts=r[6], failure_count=r[7],
-            complete_by=r[8], idempotency_key=r[9],
-            result=None if r[10] is None else _decode(r[10]), error=r[11],
-            in_doubt=bool(r[12])))
-    for r in undo:
-        tasks[r[0]].steps[r[2]].compensation = CompensationRecord(
-            state=StepState(r[5]), attempts=r[6], failure_count=r[7], complete_by=r[8],
-            idempotency_key=r[9], error=r[11])
+    tasks = {task.task_id: task for task in map(task_from_row, rows)}
+    if tasks:
+        cur = await conn.execute(q.SELECT_STEPS, (list(tasks),))
+        attach_steps(tasks, await cur.fetchall())
     return list(tasks.values())
 
 

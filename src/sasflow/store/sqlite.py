@@ -25,11 +25,9 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
-from sasflow.messages import Status, encode
+from sasflow.messages import encode
 from sasflow.model import (
-    CompensationRecord,
     Phase,
-    StepRecord,
     StepState,
     Task,
     TaskState,
@@ -38,6 +36,7 @@ from sasflow.model import (
 from sasflow.plan import Plan
 from sasflow.store import sql
 from sasflow.store.base import Alert, HistoryEntry, NewTask, OutboxMessage
+from sasflow.store.rows import attach_steps, status_row, task_from_row
 from sasflow.store.writer import Writer
 from sasflow.transition import UNSET, Transition
 
@@ -151,7 +150,7 @@ class SQLiteStore:
             task.task_id, None, None, now, "submit", 0, None, TaskState.PENDING.value,
             "submitted"))
         if task.reply_to:
-            conn.execute(sql.INSERT_OUTBOX, _status(task.reply_to, task.task_id, "received",
+            conn.execute(sql.INSERT_OUTBOX, status_row(task.reply_to, task.task_id, "received",
                                                     TaskState.PENDING, None, now))
         return True
 
@@ -221,7 +220,7 @@ class SQLiteStore:
         value = state.value if state is not None else None
         rows = await self._read(lambda c: c.execute(
             sql.LIST_TASKS, (value, value, workflow, workflow, limit)).fetchall())
-        return [_task(row) for row in rows]
+        return [task_from_row(row) for row in rows]
 
     async def history(self, task_id: str) -> list[HistoryEntry]:
         rows = await self._read(lambda c: c.execute(sql.SELECT_HISTORY, (task_id,)).fetchall())
@@ -355,53 +354,19 @@ def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Defer
         deferred.add(sql.INSERT_HISTORY, row)
     if t.reply_to:
         for event, step in t.events:
-            deferred.add(sql.INSERT_OUTBOX, _status(t.reply_to, t.task_id, event, t.state,
+            deferred.add(sql.INSERT_OUTBOX, status_row(t.reply_to, t.task_id, event, t.state,
                                                     step, now, t.error))
     if t.alert:
         deferred.add(sql.INSERT_ALERT, (t.task_id, t.alert_step, t.alert_agent, now, t.alert))
     return True
 
 
-def _status(queue: str, task_id: str, event: str, state: TaskState, step: str | None,
-            now: float, error: str | None = None) -> tuple[str, bytes, float]:
-    """An outbox row: the status message, written with the change it reports (E11)."""
-    body = encode(Status(task_id=task_id, event=event, state=state.value, at=now, step=step,
-                         error=error if event in ("error", "compensating") else None))
-    return (queue, body, now)
-
-
-def _task(row: tuple[Any, ...]) -> Task:
-    return Task(task_id=row[0], workflow=row[1], input=_decode(row[2]),
-                state=TaskState(row[3]), phase=Phase(row[4]), cursor=row[5], locked_by=row[6],
-                complete_by=row[7],
-                failure_count=row[9], epoch=row[10], reply_to=row[11], error=row[12],
-                created_at=row[13], updated_at=row[14])
-
-
 def _tasks_with_steps(conn: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> list[Task]:
-    tasks: dict[str, Task] = {}
-    for row in rows:
-        task = _task(row)
-        tasks[task.task_id] = task
-    if not tasks:
-        return []
+    tasks = {task.task_id: task for task in map(task_from_row, rows)}
     ids = list(tasks)
-    for chunk in range(0, len(ids), 500):
+    for chunk in range(0, len(ids), 500):  # bounded IN lists
         part = ids[chunk:chunk + 500]
-        undo: list[tuple[Any, ...]] = []
-        for r in conn.execute(sql.select_steps(len(part)), part):
-            if r[1] == Phase.UNDO.value:
-                undo.append(r)
-                continue
-            tasks[r[0]].steps.append(StepRecord(
-                name=r[3], agent=r[4], state=StepState(r[5]), attempts=r[6],
-                failure_count=r[7], complete_by=r[8], idempotency_key=r[9],
-                result=None if r[10] is None else _decode(r[10]), error=r[11],
-                in_doubt=bool(r[12])))
-        for r in undo:
-            tasks[r[0]].steps[r[2]].compensation = CompensationRecord(
-                state=StepState(r[5]), attempts=r[6], failure_count=r[7], complete_by=r[8],
-                idempotency_key=r[9], error=r[11])
+        attach_steps(tasks, conn.execute(sql.select_steps(len(part)), part))
     return list(tasks.values())
 
 
