@@ -3,19 +3,39 @@
 A task row's columns are sql.TASK_COLUMNS in order; a step row's are those of
 sql.select_steps / pg_sql.SELECT_STEPS (task_id, phase, idx, name, agent, state,
 attempts, failure_count, complete_by, idempotency_key, result, error, in_doubt).
+
+The other way, a Transition becomes the parameters of the fenced task UPDATE
+(`set_values`, `fence_values`) and the rows it implies (`implied_rows`), each
+tagged with what it is; every store maps a tag to its own dialect's statement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
 
 import msgspec
 
+from sasflow.errors import StoreError
 from sasflow.messages import Status, encode
-from sasflow.model import CompensationRecord, Phase, StepRecord, StepState, Task, TaskState
+from sasflow.model import (
+    CompensationRecord,
+    Phase,
+    StepRecord,
+    StepState,
+    Task,
+    TaskState,
+    can_move,
+)
+from sasflow.transition import UNSET, Transition
 
-__all__ = ["attach_steps", "status_row", "task_from_row"]
+__all__ = ["Row", "RowKind", "attach_steps", "check_legal", "fence_values", "implied_rows",
+           "set_values", "status_row", "task_from_row"]
+
+# What an implied row is; stores map each to their UPSERT_STEP, MIRROR_UNDO,
+# INSERT_HISTORY, INSERT_OUTBOX and INSERT_ALERT statements.
+RowKind = Literal["step", "mirror", "history", "outbox", "alert"]
+Row = tuple[RowKind, tuple[Any, ...]]
 
 _decode = msgspec.json.decode
 
@@ -51,3 +71,51 @@ def status_row(queue: str, task_id: str, event: str, state: TaskState, step: str
     body = encode(Status(task_id=task_id, event=event, state=state.value, at=now, step=step,
                          error=error if event in ("error", "compensating") else None))
     return (queue, body, now)
+
+
+# ---------------------------------------------------------------- transitions
+def check_legal(t: Transition) -> None:
+    """Refuse a transition the state machine does not allow, before anything is written."""
+    if not can_move(t.from_state, t.state) and t.from_state is not t.state:
+        raise StoreError(f"refusing {t.from_state} -> {t.state} for task {t.task_id}",
+                         task_id=t.task_id)
+
+
+def set_values(t: Transition, now: float) -> tuple[Any, ...]:
+    """The new values of the fenced UPDATE: state, phase, cursor, locked_by, complete_by,
+    available_at, failure_count, error, epoch increment, updated_at."""
+    return (t.state.value, t.phase.value, t.cursor, t.locked_by, t.complete_by,
+            t.available_at, t.failure_count, t.error, int(t.claim), now)
+
+
+def fence_values(t: Transition) -> tuple[Any, ...]:
+    """The fence of the UPDATE: task id, epoch, state, owner, expired-before (twice)."""
+    return (t.task_id, t.epoch, t.from_state.value, t.owner, t.expired_before,
+            t.expired_before)
+
+
+def implied_rows(t: Transition, now: float) -> Iterator[Row]:
+    """The unit, history, outbox and alert rows an applied transition writes."""
+    epoch = t.epoch + t.claim
+    yield "history", (t.task_id, None, None, now, t.actor, epoch, t.from_state.value,
+                      t.state.value, t.why)
+    for unit in t.units:
+        result = None if unit.result is UNSET else encode(unit.result).decode()
+        failures = -1 if unit.reset_failures else int(unit.failed)
+        yield "step", (t.task_id, unit.phase.value, unit.index, unit.name, unit.agent,
+                       unit.state.value, int(unit.started), failures, unit.complete_by,
+                       unit.idempotency_key, result, unit.error, int(unit.in_doubt), now,
+                       failures)
+        if unit.phase is Phase.UNDO:  # the step shows where its undo stands
+            shown = StepState.COMPENSATED if unit.state is StepState.COMPENSATED else (
+                StepState.COMPENSATING)
+            yield "mirror", (shown.value, now, t.task_id, unit.index)
+        yield "history", (t.task_id, unit.name, unit.phase.value, now, t.actor, epoch,
+                          unit.from_state.value if unit.from_state else None,
+                          unit.state.value, None)
+    if t.reply_to:
+        for event, step in t.events:
+            yield "outbox", status_row(t.reply_to, t.task_id, event, t.state, step, now,
+                                       t.error)
+    if t.alert:
+        yield "alert", (t.task_id, t.alert_step, t.alert_agent, now, t.alert)

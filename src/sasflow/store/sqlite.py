@@ -25,20 +25,27 @@ from urllib.parse import parse_qs, urlsplit
 import msgspec
 
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
-from sasflow.messages import encode
 from sasflow.model import (
     Phase,
     StepState,
     Task,
     TaskState,
-    can_move,
 )
 from sasflow.plan import Plan
 from sasflow.store import sql
 from sasflow.store.base import Alert, HistoryEntry, NewTask, OutboxMessage
-from sasflow.store.rows import attach_steps, status_row, task_from_row
+from sasflow.store.rows import (
+    RowKind,
+    attach_steps,
+    check_legal,
+    fence_values,
+    implied_rows,
+    set_values,
+    status_row,
+    task_from_row,
+)
 from sasflow.store.writer import Writer
-from sasflow.transition import UNSET, Transition
+from sasflow.transition import Transition
 
 __all__ = ["SQLiteStore"]
 
@@ -210,6 +217,10 @@ class SQLiteStore:
         return await self._writer.run(job)
 
     # ------------------------------------------------------------ reading
+    async def watch(self, wake: Callable[[float], None]) -> None:
+        """SQLite has no channel between processes: schedulers poll (and the app
+        wakes its own in-process schedulers on submit and release)."""
+
     async def get(self, task_id: str) -> Task | None:
         # a primary-key read of a WAL file never waits for writers: cheaper inline
         # than a hop to a thread and back
@@ -321,43 +332,18 @@ class _Deferred:
         self.rows = {}
 
 
+_STATEMENTS: dict[RowKind, str] = {
+    "step": sql.UPSERT_STEP, "mirror": sql.MIRROR_UNDO, "history": sql.INSERT_HISTORY,
+    "outbox": sql.INSERT_OUTBOX, "alert": sql.INSERT_ALERT}
+
+
 def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Deferred) -> bool:
     """Apply one fenced transition inside the writer's transaction."""
-    if not can_move(t.from_state, t.state) and t.from_state is not t.state:
-        raise StoreError(f"refusing {t.from_state} -> {t.state} for task {t.task_id}",
-                         task_id=t.task_id)
-    changed = conn.execute(sql.APPLY_TRANSITION, (
-        t.state.value, t.phase.value, t.cursor, t.locked_by, t.complete_by, t.available_at,
-        t.failure_count, t.error, int(t.claim), now,
-        t.task_id, t.epoch, t.from_state.value, t.owner, t.expired_before, t.expired_before,
-    )).rowcount
-    if not changed:
+    check_legal(t)
+    if not conn.execute(sql.APPLY_TRANSITION, set_values(t, now) + fence_values(t)).rowcount:
         return False
-    epoch = t.epoch + t.claim
-    history: list[tuple[Any, ...]] = [
-        (t.task_id, None, None, now, t.actor, epoch, t.from_state.value, t.state.value, t.why)]
-    for unit in t.units:
-        result = None if unit.result is UNSET else encode(unit.result).decode()
-        failures = -1 if unit.reset_failures else int(unit.failed)
-        deferred.add(sql.UPSERT_STEP, (
-            t.task_id, unit.phase.value, unit.index, unit.name, unit.agent, unit.state.value,
-            int(unit.started), failures, unit.complete_by, unit.idempotency_key, result,
-            unit.error, int(unit.in_doubt), now, failures))
-        if unit.phase is Phase.UNDO:  # the step shows where its undo stands
-            shown = StepState.COMPENSATED if unit.state is StepState.COMPENSATED else (
-                StepState.COMPENSATING)
-            deferred.add(sql.MIRROR_UNDO, (shown.value, now, t.task_id, unit.index))
-        history.append((t.task_id, unit.name, unit.phase.value, now, t.actor, epoch,
-                        unit.from_state.value if unit.from_state else None, unit.state.value,
-                        None))
-    for row in history:
-        deferred.add(sql.INSERT_HISTORY, row)
-    if t.reply_to:
-        for event, step in t.events:
-            deferred.add(sql.INSERT_OUTBOX, status_row(t.reply_to, t.task_id, event, t.state,
-                                                    step, now, t.error))
-    if t.alert:
-        deferred.add(sql.INSERT_ALERT, (t.task_id, t.alert_step, t.alert_agent, now, t.alert))
+    for kind, row in implied_rows(t, now):
+        deferred.add(_STATEMENTS[kind], row)
     return True
 
 
