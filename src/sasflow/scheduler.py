@@ -28,6 +28,9 @@ __all__ = ["Scheduler"]
 log = logging.getLogger("sasflow.scheduler")
 
 _IDLE_POLL_MAX = 0.25  # seconds between claim attempts when there is no work
+# ... when the store tells of new work (PostgreSQL's NOTIFY): polling is then
+# only the safety net, not how work is found
+_IDLE_POLL_MAX_WATCHED = 2.0
 # When tasks arrive one by one faster than one per _BUSY_GAP, each claim would be a
 # transaction of its own: wait _GATHER_S and claim what came meanwhile in one go.
 # A task arriving after a quiet spell is still claimed at once.
@@ -55,6 +58,14 @@ class Scheduler:
         """Look for work now (a task was submitted or released in this process)."""
         self._wake.set()
 
+    def wake_at(self, at: float) -> None:
+        """Look for work at the store time `at` (the store heard of work for then)."""
+        delay = at - self.store.now()
+        if delay <= 0:
+            self._wake.set()
+        else:
+            asyncio.get_running_loop().call_later(delay, self._wake.set)
+
     @property
     def in_flight(self) -> int:
         return len(self._drivers)
@@ -62,13 +73,15 @@ class Scheduler:
     async def run(self) -> None:
         consumer = asyncio.create_task(self.transport.consume(
             self.reply_queue, self._on_reply, prefetch=max(64, self.concurrency)))
+        watcher = asyncio.create_task(self.store.watch(self.wake_at))
         try:
-            await self._claim_loop()
+            await self._claim_loop(watcher)
         finally:
             consumer.cancel()
+            watcher.cancel()
             for driver in list(self._drivers):
                 driver.cancel()
-            await asyncio.gather(consumer, *self._drivers, return_exceptions=True)
+            await asyncio.gather(consumer, watcher, *self._drivers, return_exceptions=True)
             await self._release_held()
 
     async def _release_held(self) -> None:
@@ -82,7 +95,7 @@ class Scheduler:
                                            return_exceptions=True)
             log.info("released %d task(s) on shutdown", sum(r is True for r in results))
 
-    async def _claim_loop(self) -> None:
+    async def _claim_loop(self, watcher: asyncio.Task[None]) -> None:
         loop = asyncio.get_running_loop()
         idle = 0.005
         last_claim = 0.0
@@ -114,7 +127,8 @@ class Scheduler:
                 async with asyncio.timeout(idle):
                     await self._wake.wait()  # work submitted or released here, or a free slot
             except TimeoutError:
-                idle = min(idle * 2, _IDLE_POLL_MAX)
+                idle = min(idle * 2, _IDLE_POLL_MAX_WATCHED if not watcher.done()
+                           else _IDLE_POLL_MAX)
 
     def _driver_done(self, driver: asyncio.Task[None]) -> None:
         self._drivers.discard(driver)

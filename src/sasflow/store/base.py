@@ -7,7 +7,7 @@ contract suite in tests/contract/.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import msgspec
@@ -111,6 +111,14 @@ class Store(Protocol):
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
         """Take or renew a named lease; its fencing epoch if held, else None (M3)."""
+        ...
+
+    async def watch(self, wake: Callable[[float], None]) -> None:
+        """Call `wake(at)` when work becomes claimable at `at` anywhere, until cancelled.
+
+        A store with no way to hear of other processes' work returns at once;
+        schedulers then find it by polling.
+        """
         ...
 
     async def take_outbox(self, queues: Collection[str] | None, limit: int

@@ -3,7 +3,8 @@
 The differences from sql.py are the dialect only: `%s` parameters with explicit
 types where a NULL parameter would leave PostgreSQL guessing, `IS NOT DISTINCT
 FROM` for SQLite's `IS`, `GREATEST` for the scalar `MAX`, `= ANY(%s)` for lists,
-and `FOR UPDATE SKIP LOCKED` where SQLite relies on its one writer.
+and `FOR UPDATE SKIP LOCKED` where SQLite relies on its one writer. Writes come
+in batches (group commit), so they are bulk statements over arrays (at the end).
 Column order of a task row is sql.TASK_COLUMNS everywhere.
 """
 
@@ -20,59 +21,20 @@ RETURNING 1
 """
 
 SELECT_TASK_IDENTITY = "SELECT workflow, input FROM tasks WHERE task_id = %s"
+SELECT_TASK_IDENTITIES = "SELECT task_id, workflow, input FROM tasks WHERE task_id = ANY(%s)"
 
-INSERT_STEP = """
-INSERT INTO steps (task_id, phase, idx, name, agent, state, idempotency_key, updated_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
-"""
+# A writing transaction's id, and later whether it committed: how a writer whose
+# connection died before COMMIT's answer learns what became of its transaction.
+TRANSACTION_ID = "SELECT txid_current()"
+TRANSACTION_STATUS = "SELECT txid_status(%s)"
 
-INSERT_HISTORY = """
-INSERT INTO history (task_id, step, phase, at, actor, epoch, from_state, to_state, why)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
-"""
+# Idle schedulers LISTEN here; the payload is when the work becomes claimable.
+# NOTIFY is transactional: it is delivered at commit, and not at all on rollback.
+WORK_CHANNEL = "sasflow_work"
+NOTIFY_WORK = f"SELECT pg_notify('{WORK_CHANNEL}', %s)"
+LISTEN_WORK = f"LISTEN {WORK_CHANNEL}"
 
-# The fence (DESIGN invariant 2/4): same epoch, state and owner as when read, and
-# (supervisor) a complete-by that has passed. Zero rows changed = not applied.
-# Under READ COMMITTED a racing writer waits for the row and then re-checks this
-# WHERE against the committed row, so only one of two racing writers matches.
-APPLY_TRANSITION = """
-UPDATE tasks SET state = %s, phase = %s, cursor = %s, locked_by = %s,
-                 complete_by = %s::double precision,
-                 available_at = COALESCE(%s::double precision, available_at),
-                 failure_count = %s, error = %s, epoch = epoch + %s, updated_at = %s
-WHERE task_id = %s AND epoch = %s AND state = %s AND locked_by IS NOT DISTINCT FROM %s::text
-  AND (%s::double precision IS NULL OR complete_by < %s::double precision)
-RETURNING epoch
-"""
-
-# failure_count < 0 in the new values means "reset to 0" (operator retry).
-UPSERT_STEP = """
-INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,
-                   complete_by, idempotency_key, result, error, in_doubt, updated_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, GREATEST(%s, 0), %s::double precision, %s, %s::text,
-        %s::text, %s, %s)
-ON CONFLICT (task_id, phase, idx) DO UPDATE SET
-    state = excluded.state,
-    attempts = steps.attempts + excluded.attempts,
-    failure_count = CASE WHEN %s < 0 THEN 0
-                         ELSE steps.failure_count + excluded.failure_count END,
-    complete_by = COALESCE(excluded.complete_by, steps.complete_by),
-    result = COALESCE(excluded.result, steps.result),
-    error = excluded.error,
-    in_doubt = GREATEST(steps.in_doubt, excluded.in_doubt),
-    updated_at = excluded.updated_at
-"""
-
-MIRROR_UNDO = """
-UPDATE steps SET state = %s, updated_at = %s WHERE task_id = %s AND phase = 'do' AND idx = %s
-"""
-
-INSERT_OUTBOX = "INSERT INTO outbox (queue, body, created_at) VALUES (%s, %s, %s)"
 DELETE_OUTBOX = "DELETE FROM outbox WHERE id = ANY(%s)"
-
-INSERT_ALERT = """
-INSERT INTO alerts (task_id, step, agent, at, message) VALUES (%s, %s, %s, %s, %s)
-"""
 
 SELECT_TASK = f"SELECT {TASK_COLUMNS} FROM tasks WHERE task_id = %s"
 
@@ -129,6 +91,12 @@ SELECT task_id, phase, idx, name, agent, state, attempts, failure_count, complet
 FROM steps WHERE task_id = ANY(%s) ORDER BY task_id, phase, idx
 """
 
+SELECT_STEPS_OF = """
+SELECT task_id, phase, idx, name, agent, state, attempts, failure_count, complete_by,
+       idempotency_key, result, error, in_doubt
+FROM steps WHERE task_id = %s ORDER BY phase, idx
+"""
+
 LEASE_OUTBOX = """
 UPDATE outbox SET leased_until = %s
 WHERE id IN (SELECT id FROM outbox
@@ -148,3 +116,95 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 SELECT_MIGRATIONS = "SELECT version FROM schema_migrations"
 INSERT_MIGRATION = "INSERT INTO schema_migrations VALUES (%s, %s)"
 MIGRATIONS_TABLE_EXISTS = "SELECT to_regclass('schema_migrations') IS NOT NULL"
+
+# ---------------------------------------------------------------- bulk writes
+# A group-commit batch writes each kind of row with one statement whatever its
+# size: the rows go as one array per column and `unnest` turns them back into
+# rows, so the cost per row is the server's, not a statement's round of Python.
+# Each takes the arrays in the column order of the row tuples of store/rows.py.
+
+# The batch's task rows, locked in task-id order before they are updated: every
+# batch of every process then waits for rows in the same order (no deadlock).
+LOCK_TASKS = "SELECT 1 FROM tasks WHERE task_id = ANY(%s) ORDER BY task_id FOR UPDATE"
+
+# The fence (DESIGN invariants 2 and 4), for a whole batch: same epoch, state and
+# owner as when read, and (supervisor) a complete-by that has passed. Answers with
+# the task ids that applied; a task not among them is left exactly as it was.
+APPLY_TRANSITIONS = """
+UPDATE tasks t SET state = v.state, phase = v.phase, cursor = v.cursor,
+       locked_by = v.locked_by, complete_by = v.complete_by,
+       available_at = COALESCE(v.available_at, t.available_at),
+       failure_count = v.failure_count, error = v.error, epoch = t.epoch + v.claim,
+       updated_at = v.updated_at
+FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::float8[], %s::float8[],
+            %s::int[], %s::text[], %s::int[], %s::float8[],
+            %s::text[], %s::bigint[], %s::text[], %s::text[], %s::float8[])
+     AS v(state, phase, cursor, locked_by, complete_by, available_at, failure_count, error,
+          claim, updated_at, task_id, epoch, from_state, owner, expired_before)
+WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
+  AND t.locked_by IS NOT DISTINCT FROM v.owner
+  AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
+RETURNING t.task_id
+"""
+
+INSERT_TASKS = """
+INSERT INTO tasks (task_id, workflow, input, state, available_at, reply_to, created_at,
+                   updated_at)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[],
+                     %s::text[], %s::float8[], %s::float8[])
+ON CONFLICT (task_id) DO NOTHING
+RETURNING task_id
+"""
+
+INSERT_STEPS = """
+INSERT INTO steps (task_id, phase, idx, name, agent, state, idempotency_key, updated_at)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::text[], %s::text[],
+                     %s::text[], %s::float8[])
+"""
+
+# A batch holds one transition per task, so no step row comes twice (which
+# ON CONFLICT DO UPDATE refuses). Failure counts reset by an operator's retry
+# are zeroed by RESET_FAILURES after it.
+UPSERT_STEPS = """
+INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,
+                   complete_by, idempotency_key, result, error, in_doubt, updated_at)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::text[], %s::text[],
+                     %s::int[], %s::int[], %s::float8[], %s::text[], %s::text[], %s::text[],
+                     %s::int[], %s::float8[])
+ON CONFLICT (task_id, phase, idx) DO UPDATE SET
+    state = excluded.state,
+    attempts = steps.attempts + excluded.attempts,
+    failure_count = steps.failure_count + excluded.failure_count,
+    complete_by = COALESCE(excluded.complete_by, steps.complete_by),
+    result = COALESCE(excluded.result, steps.result),
+    error = excluded.error,
+    in_doubt = GREATEST(steps.in_doubt, excluded.in_doubt),
+    updated_at = excluded.updated_at
+"""
+
+RESET_FAILURES = """
+UPDATE steps SET failure_count = 0
+WHERE (task_id, phase, idx) IN (SELECT * FROM unnest(%s::text[], %s::text[], %s::int[]))
+"""
+
+MIRROR_UNDOS = """
+UPDATE steps s SET state = v.state, updated_at = v.updated_at
+FROM unnest(%s::text[], %s::float8[], %s::text[], %s::int[]) AS v(state, updated_at, task_id, idx)
+WHERE s.task_id = v.task_id AND s.phase = 'do' AND s.idx = v.idx
+"""
+
+INSERT_HISTORIES = """
+INSERT INTO history (task_id, step, phase, at, actor, epoch, from_state, to_state, why)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[], %s::text[],
+                     %s::bigint[], %s::text[], %s::text[], %s::text[])
+"""
+
+INSERT_OUTBOXES = """
+INSERT INTO outbox (queue, body, created_at)
+SELECT * FROM unnest(%s::text[], %s::bytea[], %s::float8[])
+"""
+
+INSERT_ALERTS = """
+INSERT INTO alerts (task_id, step, agent, at, message)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[], %s::text[])
+"""

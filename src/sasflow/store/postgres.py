@@ -7,20 +7,30 @@ LISTEN/NOTIFY, and one driver for the sync and async sides, so `submit_in` can
 join an application's ordinary psycopg transaction (E1). It is maintained by the
 author of psycopg2, the driver most PostgreSQL applications already use.
 
-Every scheduler verb is one short transaction on a pooled connection:
-
 * claim: per workflow `SELECT ... FOR UPDATE SKIP LOCKED LIMIT n`, then the
   planner's claim Transitions applied in the same transaction, so concurrent
   schedulers on any number of hosts take disjoint tasks without waiting (M1).
-* apply: the fenced UPDATE of sql.py, then the units, history, outbox and alert
-  rows, sent together in pipeline mode.
+* apply and submit: group-committed (pg_commit.py): the writes waiting when a
+  transaction starts share it, fenced UPDATEs and INSERTs first, the rows they
+  imply after, in pipeline mode (pg_write.py).
+* wake-ups: whatever makes work claimable NOTIFYs in its transaction; `watch`
+  LISTENs, so idle schedulers anywhere wake when work appears instead of polling.
+
+Faults. Serialization failures and deadlocks are retried. A lost connection is
+waited out (up to `reconnect_for` seconds, with backoff) and the call retried;
+for a write whose COMMIT's answer was lost, the store first asks the database
+whether that transaction committed (pg_write.py), so no write is lost or
+applied twice by a restart.
 
 Times are seconds since the epoch (double precision) so the planner is the same
 for every store. `now()` is the injected clock when there is one (tests), else
 the database's clock: the offset between `clock_timestamp()` and this host's
 clock is measured and refreshed, so deadlines are compared with one clock for
-every host (DESIGN invariant 3). Serialization failures and deadlocks are
-retried a few times. Migrations run at open under an advisory lock.
+every host (DESIGN invariant 3). Migrations run at open under an advisory lock.
+
+The pool belongs to one event loop (its "home": the first to use the store);
+calls from another loop, such as a web application's while the roles run in a
+background thread, are handed to it.
 
 The URL is a libpq one: ``postgresql://user@host:5432/db``; to keep the tables
 in a schema of their own add ``?options=-csearch_path%3DNAME``.
@@ -29,6 +39,7 @@ in a schema of their own add ``?options=-csearch_path%3DNAME``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import threading
 import time
@@ -36,56 +47,67 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from importlib import resources
 from typing import Any, TypeVar
 
-import msgspec
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
-from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
-from sasflow.messages import encode
-from sasflow.model import (
-    Phase,
-    StepState,
-    Task,
-    TaskState,
-    can_move,
-)
+from sasflow.errors import ConfigurationError, StoreError
+from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
 from sasflow.store import pg_sql as q
 from sasflow.store.base import Alert, HistoryEntry, NewTask, OutboxMessage
-from sasflow.store.rows import attach_steps, status_row, task_from_row
-from sasflow.transition import UNSET, Transition
+from sasflow.store.pg_commit import GroupCommit
+from sasflow.store.pg_write import (
+    Attempt,
+    Outcome,
+    Write,
+    insert_sync,
+    transaction_status,
+    write_batch,
+)
+from sasflow.store.rows import attach_steps, check_legal, task_from_row
+from sasflow.transition import Transition
 
 __all__ = ["PostgresStore"]
 
+log = logging.getLogger("sasflow.store.postgres")
+
 _T = TypeVar("_T")
-_decode = msgspec.json.decode
 _RETRIED = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)  # 40001, 40P01
-_ATTEMPTS = 5
+_CONFLICT_ATTEMPTS = 5
 _CLOCK_REFRESH_S = 30.0
 _OUTBOX_LEASE_S = 30.0
+_RECONNECT_FOR_S = 60.0  # how long a call waits for a lost database to come back
+_BACKOFF_MAX_S = 1.0
 
-Statements = list[tuple[str, Sequence[Any]]]
+
+class _Lost(Exception):
+    """The connection died inside a write: whether it committed is not known yet."""
 
 
 class PostgresStore:
     """Tasks, steps, history, alerts, outbox and leases in one PostgreSQL database."""
 
     def __init__(self, conninfo: str, *, clock: Callable[[], float] | None = None,
-                 create: bool = True, pool_size: int = 10) -> None:
+                 create: bool = True, pool_size: int = 10,
+                 reconnect_for: float = _RECONNECT_FOR_S) -> None:
         self.conninfo = conninfo
+        self.pool_size = pool_size
+        self.reconnect_for = reconnect_for
         self._clock = clock
         self._create = create
         self._offset = 0.0  # database clock - this host's clock
         self._offset_at = float("-inf")
-        # opened on first use: stores are built outside the event loop (open_store)
-        self._pool = AsyncConnectionPool(conninfo, min_size=1, max_size=pool_size, open=False,
-                                         kwargs={"autocommit": True})
-        self._opened = False
+        # the pool and group commit live in their home event loop, made on first use
+        self._home_lock = threading.Lock()
+        self._home: asyncio.AbstractEventLoop | None = None
+        self._pool: AsyncConnectionPool | None = None
+        self._commit: GroupCommit[Write, bool] | None = None
         self._open_lock = asyncio.Lock()
+        self._opened = False
+        self._schema_ready = False
         self._sync: psycopg.Connection[Any] | None = None  # for submit_blocking
         self._sync_lock = threading.Lock()
-        self._schema_ready = False
 
     @classmethod
     def from_url(cls, url: str, *, clock: Callable[[], float] | None = None,
@@ -115,33 +137,67 @@ class PostgresStore:
         assert row is not None
         self._measure_clock(float(row[0]), sent, time.time())
 
+    # ------------------------------------------------------------ home loop
+    def _home_for(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+        """The loop the pool lives in; `loop` becomes it if there is none alive."""
+        with self._home_lock:
+            home = self._home
+            if home is None or home.is_closed() or (home is not loop
+                                                    and not home.is_running()):
+                # a new home: the old loop is gone, and its connections with it
+                self._home = home = loop
+                self._pool = AsyncConnectionPool(
+                    self.conninfo, min_size=1, max_size=self.pool_size, open=False,
+                    kwargs={"autocommit": True})
+                self._commit = GroupCommit(self._write)
+                self._open_lock = asyncio.Lock()
+                self._opened = False
+            return home
+
+    async def _at_home(self, make: Callable[[], Awaitable[_T]]) -> _T:
+        """Run `make()` in the pool's home loop, from whichever loop calls."""
+        loop = asyncio.get_running_loop()
+        home = self._home_for(loop)
+        if home is loop:
+            return await make()
+
+        async def there() -> _T:
+            return await make()
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(there(), home))
+
     # ------------------------------------------------------------ connections
-    async def _open(self) -> None:
+    async def _open(self) -> AsyncConnectionPool:
+        pool = self._pool
+        assert pool is not None
         async with self._open_lock:
             if self._opened:
-                return
+                return pool
             try:
-                await self._pool.open(wait=True, timeout=30.0)
+                await pool.open(wait=True, timeout=30.0)
             except psycopg.Error as error:  # PoolTimeout is one too
                 raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
             if not self._schema_ready:  # checked before any use (open() again is a no-op)
-                async with self._pool.connection() as conn:
-                    await _migrate(conn, self._create)
-                self._schema_ready = True
+                await asyncio.to_thread(self._ensure_schema)
             self._opened = True
+        return pool
 
     async def _run(self, job: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]], *,
-                   read_only: bool = False) -> _T:
-        """Run `job` in one transaction, again if PostgreSQL asks for it (40001, 40P01).
+                   read_only: bool = False, lost: str = "retry") -> _T:
+        """Run `job` in one transaction (in the home loop), retrying what may be retried.
 
-        A lost connection is retried on a new one for reads only: whether a write
-        was committed before its connection died is unknown, so that is reported.
+        Again after a conflict (40001, 40P01). After a lost connection, with
+        `lost="retry"` (reads and writes that are safe to repeat) again once the
+        database is back, for up to `reconnect_for` seconds; with `lost="raise"`
+        the caller, who knows how to find out what committed, gets `_Lost`.
         """
-        if not self._opened:
-            await self._open()
-        for attempt in range(_ATTEMPTS):
+        pool = await self._open() if not self._opened else self._pool
+        assert pool is not None
+        conflicts = 0
+        backoff = _Backoff(self.reconnect_for)
+        while True:
             try:
-                async with self._pool.connection() as conn:
+                async with pool.connection() as conn:
                     if self._clock is None and time.time() - self._offset_at > _CLOCK_REFRESH_S:
                         await self._refresh_clock(conn)
                     if read_only:  # autocommit: no BEGIN/COMMIT round trips
@@ -151,24 +207,66 @@ class PostgresStore:
                     async with conn.pipeline(), conn.transaction():
                         return await job(conn)
             except _RETRIED as error:
-                if attempt == _ATTEMPTS - 1:
+                conflicts += 1
+                if conflicts == _CONFLICT_ATTEMPTS:
                     raise StoreError(f"the PostgreSQL store kept conflicting: {error}"
                                      ) from error
+                await asyncio.sleep(random.uniform(0.001, 0.01) * 2 ** conflicts)
             except psycopg.OperationalError as error:
                 # the pool replaces a broken connection when it is given back
-                if not read_only or attempt == _ATTEMPTS - 1:
-                    raise StoreError(f"the PostgreSQL store failed: {error}") from error
-            await asyncio.sleep(random.uniform(0.001, 0.01) * 2 ** attempt)
-        raise AssertionError("unreachable")
+                if lost == "raise":
+                    raise _Lost(str(error)) from error
+                await backoff.wait(error)
+
+    async def _resolved(self, job: Callable[[psycopg.AsyncConnection[Any], Attempt],
+                                            Awaitable[_T]]) -> tuple[bool, _T | None]:
+        """Run a write; (True, its result) if it committed, (False, None) if it did not.
+
+        If the connection dies, the database is asked, once back, whether the
+        transaction committed; `job` must set `attempt.xid` before it returns.
+        """
+        attempt = Attempt()
+        done: list[_T] = []
+
+        async def run(conn: psycopg.AsyncConnection[Any]) -> _T:
+            done.append(await job(conn, attempt))
+            return done[-1]
+
+        try:
+            return True, await self._run(run, lost="raise")
+        except _Lost as lost:
+            if not done or attempt.xid is None:
+                return False, None  # it died before COMMIT was sent: rolled back
+            log.warning("connection lost at commit (%s); asking what became of it", lost)
+            status = await self._transaction_status(attempt.xid)
+            return (True, done[-1]) if status == "committed" else (False, None)
+
+    async def _transaction_status(self, xid: int) -> str | None:
+        backoff = _Backoff(self.reconnect_for)
+        while True:
+            status = await self._run(lambda conn: transaction_status(conn, xid),
+                                     read_only=True)
+            if status != "in progress":  # its server process has not noticed yet
+                return status
+            await backoff.wait(None)
+
+    def _ensure_schema(self) -> None:
+        """Check (or bring up to date) the schema, on a connection of its own."""
+        try:
+            with psycopg.connect(self.conninfo) as conn:
+                _migrate(conn, self._create)
+        except psycopg.OperationalError as error:
+            raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
+        self._schema_ready = True
 
     def _sync_connection(self) -> psycopg.Connection[Any]:
-        if self._sync is None or self._sync.closed:
+        if self._sync is None or self._sync.closed or self._sync.broken:
             try:
                 self._sync = psycopg.connect(self.conninfo)
             except psycopg.Error as error:
                 raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
             if not self._schema_ready:
-                _migrate_sync(self._sync, self._create)
+                _migrate(self._sync, self._create)
                 self._schema_ready = True
             if self._clock is None:
                 sent = time.time()
@@ -178,39 +276,72 @@ class PostgresStore:
                 self._sync.commit()
         return self._sync
 
+    # ------------------------------------------------------------ writing
+    async def _write(self, batch: Sequence[Write]) -> list[Outcome]:
+        """One group-commit batch, written exactly once, whatever the connection does."""
+        backoff = _Backoff(self.reconnect_for)
+        while True:
+            committed, outcomes = await self._resolved(
+                lambda conn, attempt: write_batch(conn, batch, attempt, self.now()))
+            if committed:
+                assert outcomes is not None
+                return outcomes
+            await backoff.wait(None)  # not written: write it again
+
+    async def _group_commit(self, write: Write) -> bool:
+        async def enqueue() -> bool:
+            assert self._commit is not None
+            if not self._opened:
+                await self._open()
+            return await self._commit(write)
+
+        return await self._at_home(enqueue)
+
     # ------------------------------------------------------------ submission
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
         if isinstance(connection, psycopg.AsyncConnection):
-            return await _insert_async(connection, task, self.now())
+            [outcome] = await write_batch(connection, [task], Attempt(), self.now())
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
         if connection is not None:
             return self.submit_in(connection, task)
-        return await self._run(lambda conn: _insert_async(conn, task, self.now()))
+        return await self._group_commit(task)
 
     def submit_blocking(self, task: NewTask) -> bool:
+        """A submission from a thread: on the store's own blocking connection.
+
+        Safe to repeat (a task that is there already is left alone), so it is
+        simply written again if the connection dies, once the database is back.
+        """
         with self._sync_lock:
-            conn = self._sync_connection()
-            for attempt in range(_ATTEMPTS):
+            conflicts = 0
+            deadline = time.monotonic() + self.reconnect_for
+            while True:
                 try:
+                    conn = self._sync_connection()
                     with conn.transaction():
-                        return _insert_sync(conn, task, self.now())
+                        return insert_sync(conn, task, self.now())
                 except _RETRIED as error:
-                    if attempt == _ATTEMPTS - 1:
+                    conflicts += 1
+                    if conflicts == _CONFLICT_ATTEMPTS:
                         raise StoreError(f"the PostgreSQL store kept conflicting: {error}"
                                          ) from error
-                except psycopg.OperationalError as error:
-                    raise StoreError(f"the PostgreSQL store failed: {error}") from error
-        raise AssertionError("unreachable")
+                except (psycopg.OperationalError, StoreError) as error:
+                    if time.monotonic() > deadline:
+                        raise StoreError(f"the PostgreSQL store failed: {error}") from error
+                    time.sleep(0.2)
 
     def submit_in(self, connection: Any, task: NewTask) -> bool:
         """Write the task with the caller's psycopg connection, in its transaction (E1).
 
         Nothing is committed here: the task commits, or rolls back, with the
-        caller's own rows.
+        caller's own rows (and schedulers are notified only if it commits).
         """
         if not isinstance(connection, psycopg.Connection):
             raise ConfigurationError(
                 "connection must be a psycopg.Connection to the store's database")
-        return _insert_sync(connection, task, self.now())
+        return insert_sync(connection, task, self.now())
 
     # ------------------------------------------------------------ scheduler
     async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
@@ -218,13 +349,17 @@ class PostgresStore:
         if not names or limit <= 0:
             return []
 
-        async def job(conn: psycopg.AsyncConnection[Any]) -> list[Task]:
+        async def job(conn: psycopg.AsyncConnection[Any], attempt: Attempt) -> list[Task]:
             now = self.now()
+            xid = await conn.execute(q.TRANSACTION_ID)
             rows: list[tuple[Any, ...]] = []
             async with conn.cursor() as cur:
                 for name in names:
                     await cur.execute(q.SELECT_CLAIMABLE, (name, now, limit))
                     rows.extend(await cur.fetchall())
+            row = await xid.fetchone()
+            assert row is not None
+            attempt.xid = int(row[0])
             if not rows:
                 return []
             if len(names) > 1:  # the earliest runnable first, whatever their workflow;
@@ -232,14 +367,18 @@ class PostgresStore:
                 rows = sorted(rows, key=lambda row: row[8])[:limit]
             tasks = await _tasks_with_steps(conn, rows)
             transitions = [plans[task.workflow].claim(task, owner, now) for task in tasks]
-            applied = await _apply_all(conn, transitions, now)
-            return [task for task, ok in zip(tasks, applied, strict=True) if ok]
+            applied = await write_batch(conn, transitions, attempt, now)
+            return [task for task, ok in zip(tasks, applied, strict=True) if ok is True]
 
-        return await self._run(job)
+        async def claim_here() -> list[Task]:
+            _, tasks = await self._resolved(job)
+            return tasks or []  # not committed: nothing was claimed
+
+        return await self._at_home(claim_here)
 
     async def apply(self, transition: Transition) -> bool:
-        [applied] = await self._run(lambda conn: _apply_all(conn, [transition], self.now()))
-        return applied
+        check_legal(transition)  # refused before it can share a batch with others
+        return await self._group_commit(transition)
 
     # ------------------------------------------------------------ supervisor
     async def expired(self, limit: int) -> list[Task]:
@@ -247,7 +386,7 @@ class PostgresStore:
             cur = await conn.execute(q.SELECT_EXPIRED, (self.now(), limit))
             return await _tasks_with_steps(conn, await cur.fetchall())
 
-        return await self._run(job, read_only=True)
+        return await self._at_home(lambda: self._run(job, read_only=True))
 
     async def next_expiry(self) -> float | None:
         row = await self._fetchone(q.NEXT_EXPIRY, ())
@@ -259,17 +398,47 @@ class PostgresStore:
             return await (await conn.execute(q.ACQUIRE_LEASE,
                                              (name, holder, now + ttl, now))).fetchone()
 
-        row = await self._run(job)
+        # safe to repeat: taking or renewing a lease we hold is the same write
+        row = await self._at_home(lambda: self._run(job))
         return int(row[1]) if row is not None and row[0] == holder else None
+
+    async def watch(self, wake: Callable[[float], None]) -> None:
+        """Call `wake(at)` whenever work becomes claimable at `at`, until cancelled.
+
+        Its own connection LISTENs for the NOTIFY that submissions and releases
+        send at commit. After (re)connecting it calls `wake(now)` once, for what
+        may have been missed meanwhile.
+        """
+        backoff = _Backoff(float("inf"))
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                        self.conninfo, autocommit=True) as conn:
+                    await conn.execute(q.LISTEN_WORK)
+                    backoff = _Backoff(float("inf"))
+                    wake(self.now())
+                    async for notice in conn.notifies():
+                        try:
+                            wake(float(notice.payload))
+                        except ValueError:  # not one of ours
+                            wake(self.now())
+            except psycopg.OperationalError as error:
+                await backoff.wait(error, quiet=True)
 
     # ------------------------------------------------------------ reading
     async def get(self, task_id: str) -> Task | None:
-        async def job(conn: psycopg.AsyncConnection[Any]) -> list[Task]:
-            cur = await conn.execute(q.SELECT_TASK, (task_id,))
-            return await _tasks_with_steps(conn, await cur.fetchall())
+        async def job(conn: psycopg.AsyncConnection[Any]) -> Task | None:
+            async with conn.pipeline():  # both questions in one round trip
+                task_cur = await conn.execute(q.SELECT_TASK, (task_id,))
+                steps_cur = await conn.execute(q.SELECT_STEPS_OF, (task_id,))
+                found = {t.task_id: t for t in map(task_from_row, await task_cur.fetchall())}
+                steps = await steps_cur.fetchall()
+            if task_id not in found:  # (steps of a task committed after the first read)
+                return None
+            attach_steps(found, steps)
+            return found[task_id]
 
-        found = await self._run(job, read_only=True)
-        return found[0] if found else None
+        return await self._at_home(lambda: self._run(job, read_only=True))
 
     async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
                          limit: int = 100) -> list[Task]:
@@ -292,7 +461,7 @@ class PostgresStore:
         async def job(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             return await (await conn.execute(statement, params)).fetchall()
 
-        return await self._run(job, read_only=True)
+        return await self._at_home(lambda: self._run(job, read_only=True))
 
     async def _fetchone(self, statement: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         rows = await self._fetchall(statement, params)
@@ -310,7 +479,8 @@ class PostgresStore:
             return await (await conn.execute(
                 q.LEASE_OUTBOX, (now + _OUTBOX_LEASE_S, now, names, names, limit))).fetchall()
 
-        rows = await self._run(job)
+        # repeating it after a lost commit only leases more: they go out when it ends
+        rows = await self._at_home(lambda: self._run(job))
         return sorted((OutboxMessage(id=r[0], queue=r[1], body=bytes(r[2])) for r in rows),
                       key=lambda m: m.id)
 
@@ -319,134 +489,38 @@ class PostgresStore:
             async def job(conn: psycopg.AsyncConnection[Any]) -> None:
                 await conn.execute(q.DELETE_OUTBOX, (list(ids),))
 
-            await self._run(job)
+            await self._at_home(lambda: self._run(job))
 
     async def close(self) -> None:
-        if not self._pool.closed:
-            await self._pool.close()
-        self._opened = False
+        with self._home_lock:
+            home, pool = self._home, self._pool
+            self._home = self._pool = self._commit = None
+            self._opened = False
+        if pool is not None and not pool.closed and home is not None and not home.is_closed():
+            if home is asyncio.get_running_loop():
+                await pool.close()
+            elif home.is_running():
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(pool.close(), home))
         with self._sync_lock:
             if self._sync is not None:
                 self._sync.close()
                 self._sync = None
 
 
-# ---------------------------------------------------------------- writing
-def _submission(task: NewTask, now: float) -> tuple[Sequence[Any], Statements]:
-    """The task row, and the rows written with it only if it is new."""
-    row = (task.task_id, task.workflow, task.input_json.decode(), TaskState.PENDING.value, now,
-           task.reply_to, now, now)
-    rest: Statements = [
-        (q.INSERT_STEP, (task.task_id, Phase.DO.value, i, name, agent, StepState.PENDING.value,
-                         key, now))
-        for i, (name, agent, key) in enumerate(task.steps)]
-    rest.append((q.INSERT_HISTORY, (task.task_id, None, None, now, "submit", 0, None,
-                                    TaskState.PENDING.value, "submitted")))
-    if task.reply_to:
-        rest.append((q.INSERT_OUTBOX, status_row(task.reply_to, task.task_id, "received",
-                                              TaskState.PENDING, None, now)))
-    return row, rest
+class _Backoff:
+    """Waits growing from 50 ms to 1 s, for at most `budget` seconds in all."""
 
+    def __init__(self, budget: float) -> None:
+        self._deadline = time.monotonic() + budget
+        self._delay = 0.05
 
-def _check_identity(task: NewTask, row: tuple[Any, ...] | None) -> None:
-    """A task id reused for other work is refused (the original stays as it was)."""
-    if row is not None and (row[0] != task.workflow
-                            or _decode(row[1]) != _decode(task.input_json)):
-        raise TaskConflictError(f"task {task.task_id} exists with another workflow or input",
-                                task_id=task.task_id)
-
-
-def _insert_sync(conn: psycopg.Connection[Any], task: NewTask, now: float) -> bool:
-    row, rest = _submission(task, now)
-    with conn.cursor() as cur:
-        if cur.execute(q.INSERT_TASK, row).fetchone() is None:
-            _check_identity(task, cur.execute(q.SELECT_TASK_IDENTITY, (task.task_id,))
-                            .fetchone())
-            return False
-        for statement, params in _grouped(rest):
-            cur.executemany(statement, params)
-    return True
-
-
-async def _insert_async(conn: psycopg.AsyncConnection[Any], task: NewTask, now: float) -> bool:
-    row, rest = _submission(task, now)
-    async with conn.cursor() as cur:
-        if await (await cur.execute(q.INSERT_TASK, row)).fetchone() is None:
-            await cur.execute(q.SELECT_TASK_IDENTITY, (task.task_id,))
-            _check_identity(task, await cur.fetchone())
-            return False
-        for statement, params in _grouped(rest):
-            await cur.executemany(statement, params)
-    return True
-
-
-def _grouped(statements: Statements) -> list[tuple[str, list[Sequence[Any]]]]:
-    """Consecutive rows of one statement together, for one `executemany` (pipelined)."""
-    groups: list[tuple[str, list[Sequence[Any]]]] = []
-    for statement, params in statements:
-        if groups and groups[-1][0] == statement:
-            groups[-1][1].append(params)
-        else:
-            groups.append((statement, [params]))
-    return groups
-
-
-async def _apply_all(conn: psycopg.AsyncConnection[Any], transitions: Sequence[Transition],
-                     now: float) -> list[bool]:
-    """Apply fenced transitions in the caller's transaction; which of them applied."""
-    for t in transitions:
-        if not can_move(t.from_state, t.state) and t.from_state is not t.state:
-            raise StoreError(f"refusing {t.from_state} -> {t.state} for task {t.task_id}",
-                             task_id=t.task_id)
-    applied: list[bool] = []
-    rows: Statements = []
-    async with conn.cursor() as cur:
-        # every fenced UPDATE in one round trip; each answers with a row if it applied
-        await cur.executemany(q.APPLY_TRANSITION, [(
-            t.state.value, t.phase.value, t.cursor, t.locked_by, t.complete_by,
-            t.available_at, t.failure_count, t.error, int(t.claim), now,
-            t.task_id, t.epoch, t.from_state.value, t.owner, t.expired_before,
-            t.expired_before) for t in transitions], returning=True)
-        for n, t in enumerate(transitions):
-            if n:
-                cur.nextset()
-            applied.append(await cur.fetchone() is not None)
-            if applied[-1]:
-                rows.extend(_consequences(t, now))
-        # only the fenced UPDATE needed its answer at once; the rest goes in one batch
-        for statement, params in _grouped(rows):
-            await cur.executemany(statement, params)
-    return applied
-
-
-def _consequences(t: Transition, now: float) -> Statements:
-    """The unit, history, outbox and alert rows of an applied transition."""
-    epoch = t.epoch + t.claim
-    rows: Statements = [(q.INSERT_HISTORY, (t.task_id, None, None, now, t.actor, epoch,
-                                            t.from_state.value, t.state.value, t.why))]
-    units: Statements = []
-    for unit in t.units:
-        result = None if unit.result is UNSET else encode(unit.result).decode()
-        failures = -1 if unit.reset_failures else int(unit.failed)
-        units.append((q.UPSERT_STEP, (
-            t.task_id, unit.phase.value, unit.index, unit.name, unit.agent, unit.state.value,
-            int(unit.started), failures, unit.complete_by, unit.idempotency_key, result,
-            unit.error, int(unit.in_doubt), now, failures)))
-        if unit.phase is Phase.UNDO:  # the step shows where its undo stands
-            shown = StepState.COMPENSATED if unit.state is StepState.COMPENSATED else (
-                StepState.COMPENSATING)
-            units.append((q.MIRROR_UNDO, (shown.value, now, t.task_id, unit.index)))
-        rows.append((q.INSERT_HISTORY, (
-            t.task_id, unit.name, unit.phase.value, now, t.actor, epoch,
-            unit.from_state.value if unit.from_state else None, unit.state.value, None)))
-    rows[:0] = units
-    if t.reply_to:
-        rows.extend((q.INSERT_OUTBOX, status_row(t.reply_to, t.task_id, event, t.state, step,
-                                              now, t.error))
-                    for event, step in t.events)
-    if t.alert:
-        rows.append((q.INSERT_ALERT, (t.task_id, t.alert_step, t.alert_agent, now, t.alert)))
-    return rows
+    async def wait(self, error: Exception | None, *, quiet: bool = False) -> None:
+        if time.monotonic() >= self._deadline:
+            raise StoreError(f"the PostgreSQL store stayed unreachable: {error}") from error
+        if error is not None and not quiet:
+            log.warning("PostgreSQL store unreachable (%s); retrying", error)
+        await asyncio.sleep(random.uniform(0.5, 1.0) * self._delay)
+        self._delay = min(self._delay * 2, _BACKOFF_MAX_S)
 
 
 # ---------------------------------------------------------------- reading
@@ -465,38 +539,29 @@ def _scripts() -> list[tuple[str, str]]:
     return sorted((f.name, f.read_text()) for f in folder.iterdir() if f.name.endswith(".sql"))
 
 
-def _missing_schema() -> StoreError:
-    return StoreError("the PostgreSQL store has no sasflow schema yet: run `sasflow db upgrade`")
+def _migrate(conn: psycopg.Connection[Any], create: bool) -> None:
+    """Apply the packaged migrations this database has not seen, in order, atomically.
 
-
-async def _migrate(conn: psycopg.AsyncConnection[Any], create: bool) -> None:
-    """Apply the packaged migrations this database has not seen, in order, atomically."""
-    async with conn.transaction():
-        if not create:
-            row = await (await conn.execute(q.MIGRATIONS_TABLE_EXISTS)).fetchone()
-            if not (row and row[0]):
-                raise _missing_schema()
-        # one migrating process at a time; released at commit
-        await conn.execute(q.MIGRATION_LOCK)
-        await conn.execute(q.CREATE_MIGRATIONS)
-        done = {r[0] for r in await (await conn.execute(q.SELECT_MIGRATIONS)).fetchall()}
-        for name, script in _scripts():
-            if name not in done:
-                await conn.execute(script.encode())  # no parameters: several statements
-                await conn.execute(q.INSERT_MIGRATION, (name, time.time()))
-
-
-def _migrate_sync(conn: psycopg.Connection[Any], create: bool) -> None:
-    """`_migrate` for the blocking side (a submit before any async use)."""
+    With `create=False` a database that is behind is refused instead. A database
+    that is up to date is only read, so processes whose role may not CREATE can
+    open it.
+    """
     with conn.transaction():
+        pending = _pending(conn)
+        if not pending:
+            return
         if not create:
-            row = conn.execute(q.MIGRATIONS_TABLE_EXISTS).fetchone()
-            if not (row and row[0]):
-                raise _missing_schema()
-        conn.execute(q.MIGRATION_LOCK)
+            raise StoreError("the PostgreSQL store's sasflow schema is missing or behind"
+                             " this version: run `sasflow db upgrade`")
+        conn.execute(q.MIGRATION_LOCK)  # one migrating process at a time; till commit
         conn.execute(q.CREATE_MIGRATIONS)
-        done = {r[0] for r in conn.execute(q.SELECT_MIGRATIONS).fetchall()}
-        for name, script in _scripts():
-            if name not in done:
-                conn.execute(script.encode())
-                conn.execute(q.INSERT_MIGRATION, (name, time.time()))
+        for name, script in _pending(conn):  # again: another may have just finished
+            conn.execute(script.encode())  # no parameters: several statements
+            conn.execute(q.INSERT_MIGRATION, (name, time.time()))
+
+
+def _pending(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    row = conn.execute(q.MIGRATIONS_TABLE_EXISTS).fetchone()
+    done = {r[0] for r in conn.execute(q.SELECT_MIGRATIONS).fetchall()} if (
+        row and row[0]) else set()
+    return [(name, script) for name, script in _scripts() if name not in done]
