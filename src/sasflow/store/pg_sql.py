@@ -38,9 +38,20 @@ DELETE_OUTBOX = "DELETE FROM outbox WHERE id = ANY(%s)"
 
 SELECT_TASK = f"SELECT {TASK_COLUMNS} FROM tasks WHERE task_id = %s"
 
+# A task's step rows as one JSON array (the columns of SELECT_STEPS but task_id),
+# so a task and its steps come in one statement from one snapshot.
+STEPS_AS_JSON = """
+(SELECT json_agg(json_build_array(s.phase, s.idx, s.name, s.agent, s.state, s.attempts,
+                                  s.failure_count, s.complete_by, s.idempotency_key,
+                                  s.result, s.error, s.in_doubt) ORDER BY s.phase, s.idx)::text
+ FROM steps s WHERE s.task_id = tasks.task_id)
+"""
+
+SELECT_TASK_WITH_STEPS = f"SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks WHERE task_id = %s"
+
 # Served by the partial index tasks_locked: cost grows with what has expired.
 SELECT_EXPIRED = f"""
-SELECT {TASK_COLUMNS} FROM tasks
+SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks
 WHERE locked_by IS NOT NULL AND complete_by < %s
 ORDER BY complete_by LIMIT %s
 """
@@ -91,12 +102,6 @@ SELECT task_id, phase, idx, name, agent, state, attempts, failure_count, complet
 FROM steps WHERE task_id = ANY(%s) ORDER BY task_id, phase, idx
 """
 
-SELECT_STEPS_OF = """
-SELECT task_id, phase, idx, name, agent, state, attempts, failure_count, complete_by,
-       idempotency_key, result, error, in_doubt
-FROM steps WHERE task_id = %s ORDER BY phase, idx
-"""
-
 LEASE_OUTBOX = """
 UPDATE outbox SET leased_until = %s
 WHERE id IN (SELECT id FROM outbox
@@ -119,9 +124,22 @@ MIGRATIONS_TABLE_EXISTS = "SELECT to_regclass('schema_migrations') IS NOT NULL"
 
 # ---------------------------------------------------------------- bulk writes
 # A group-commit batch writes each kind of row with one statement whatever its
-# size: the rows go as one array per column and `unnest` turns them back into
-# rows, so the cost per row is the server's, not a statement's round of Python.
-# Each takes the arrays in the column order of the row tuples of store/rows.py.
+# size. The rows travel as ONE parameter, a JSON array of row arrays (msgspec
+# encodes it in C, where psycopg would adapt arrays value by value in Python),
+# and `rows_of` turns it back into typed rows. Column order is that of the row
+# tuples of store/rows.py.
+
+
+def rows_of(*columns: str) -> str:
+    """SELECT the typed columns ("name type", ...) of the rows in a JSON parameter."""
+    picked = []
+    for n, column in enumerate(columns):
+        name, kind = column.split()
+        value = f"r.v->>{n}"
+        picked.append(f"decode({value}, 'base64') AS {name}" if kind == "bytea"  # msgspec's
+                      else f"({value})::{kind} AS {name}")                       # bytes
+    return f"SELECT {', '.join(picked)} FROM json_array_elements(%s::json) AS r(v)"
+
 
 # The batch's task rows, locked in task-id order before they are updated: every
 # batch of every process then waits for rows in the same order (no deadlock).
@@ -130,47 +148,47 @@ LOCK_TASKS = "SELECT 1 FROM tasks WHERE task_id = ANY(%s) ORDER BY task_id FOR U
 # The fence (DESIGN invariants 2 and 4), for a whole batch: same epoch, state and
 # owner as when read, and (supervisor) a complete-by that has passed. Answers with
 # the task ids that applied; a task not among them is left exactly as it was.
-APPLY_TRANSITIONS = """
+APPLY_TRANSITIONS = f"""
+WITH v AS ({rows_of("state text", "phase text", "cursor int", "locked_by text",
+                    "complete_by float8", "available_at float8", "failure_count int",
+                    "error text", "claim int", "updated_at float8", "task_id text",
+                    "epoch bigint", "from_state text", "owner text", "expired_before float8")})
 UPDATE tasks t SET state = v.state, phase = v.phase, cursor = v.cursor,
        locked_by = v.locked_by, complete_by = v.complete_by,
        available_at = COALESCE(v.available_at, t.available_at),
        failure_count = v.failure_count, error = v.error, epoch = t.epoch + v.claim,
        updated_at = v.updated_at
-FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::float8[], %s::float8[],
-            %s::int[], %s::text[], %s::int[], %s::float8[],
-            %s::text[], %s::bigint[], %s::text[], %s::text[], %s::float8[])
-     AS v(state, phase, cursor, locked_by, complete_by, available_at, failure_count, error,
-          claim, updated_at, task_id, epoch, from_state, owner, expired_before)
+FROM v
 WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
   AND t.locked_by IS NOT DISTINCT FROM v.owner
   AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
 RETURNING t.task_id
 """
 
-INSERT_TASKS = """
+INSERT_TASKS = f"""
 INSERT INTO tasks (task_id, workflow, input, state, available_at, reply_to, created_at,
                    updated_at)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[],
-                     %s::text[], %s::float8[], %s::float8[])
+{rows_of("task_id text", "workflow text", "input text", "state text", "available_at float8",
+         "reply_to text", "created_at float8", "updated_at float8")}
 ON CONFLICT (task_id) DO NOTHING
 RETURNING task_id
 """
 
-INSERT_STEPS = """
+INSERT_STEPS = f"""
 INSERT INTO steps (task_id, phase, idx, name, agent, state, idempotency_key, updated_at)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::text[], %s::text[],
-                     %s::text[], %s::float8[])
+{rows_of("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
+         "idempotency_key text", "updated_at float8")}
 """
 
 # A batch holds one transition per task, so no step row comes twice (which
 # ON CONFLICT DO UPDATE refuses). Failure counts reset by an operator's retry
 # are zeroed by RESET_FAILURES after it.
-UPSERT_STEPS = """
+UPSERT_STEPS = f"""
 INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,
                    complete_by, idempotency_key, result, error, in_doubt, updated_at)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::int[], %s::text[], %s::text[], %s::text[],
-                     %s::int[], %s::int[], %s::float8[], %s::text[], %s::text[], %s::text[],
-                     %s::int[], %s::float8[])
+{rows_of("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
+         "attempts int", "failure_count int", "complete_by float8", "idempotency_key text",
+         "result text", "error text", "in_doubt int", "updated_at float8")}
 ON CONFLICT (task_id, phase, idx) DO UPDATE SET
     state = excluded.state,
     attempts = steps.attempts + excluded.attempts,
@@ -182,29 +200,29 @@ ON CONFLICT (task_id, phase, idx) DO UPDATE SET
     updated_at = excluded.updated_at
 """
 
-RESET_FAILURES = """
+RESET_FAILURES = f"""
 UPDATE steps SET failure_count = 0
-WHERE (task_id, phase, idx) IN (SELECT * FROM unnest(%s::text[], %s::text[], %s::int[]))
+WHERE (task_id, phase, idx) IN ({rows_of("task_id text", "phase text", "idx int")})
 """
 
-MIRROR_UNDOS = """
+MIRROR_UNDOS = f"""
 UPDATE steps s SET state = v.state, updated_at = v.updated_at
-FROM unnest(%s::text[], %s::float8[], %s::text[], %s::int[]) AS v(state, updated_at, task_id, idx)
+FROM ({rows_of("state text", "updated_at float8", "task_id text", "idx int")}) AS v
 WHERE s.task_id = v.task_id AND s.phase = 'do' AND s.idx = v.idx
 """
 
-INSERT_HISTORIES = """
+INSERT_HISTORIES = f"""
 INSERT INTO history (task_id, step, phase, at, actor, epoch, from_state, to_state, why)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[], %s::text[],
-                     %s::bigint[], %s::text[], %s::text[], %s::text[])
+{rows_of("task_id text", "step text", "phase text", "at float8", "actor text", "epoch bigint",
+         "from_state text", "to_state text", "why text")}
 """
 
-INSERT_OUTBOXES = """
+INSERT_OUTBOXES = f"""
 INSERT INTO outbox (queue, body, created_at)
-SELECT * FROM unnest(%s::text[], %s::bytea[], %s::float8[])
+{rows_of("queue text", "body bytea", "created_at float8")}
 """
 
-INSERT_ALERTS = """
+INSERT_ALERTS = f"""
 INSERT INTO alerts (task_id, step, agent, at, message)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[], %s::text[])
+{rows_of("task_id text", "step text", "agent text", "at float8", "message text")}
 """

@@ -35,6 +35,7 @@ Write = Transition | NewTask
 Outcome = bool | Exception  # applied / created, or why a submission was refused
 
 _decode = msgspec.json.decode
+_encode = msgspec.json.encode
 # each kind of row, as one statement taking a batch's rows as arrays
 _BULK: dict[RowKind, str] = {
     "step": q.UPSERT_STEPS, "mirror": q.MIRROR_UNDOS, "history": q.INSERT_HISTORIES,
@@ -80,21 +81,22 @@ class _Rows:
                                           TaskState.PENDING, None, now))
         self.work_at(now)
 
-    def statements(self) -> list[tuple[str, list[list[Any]]]]:
+    def statements(self) -> list[tuple[str, tuple[str]]]:
         """Each kind's statement with its rows as column arrays, in a safe order:
         new steps before the updates of steps, resets after them."""
-        out: list[tuple[str, list[list[Any]]]] = []
+        out: list[tuple[str, tuple[str]]] = []
         for kind, statement in ((_NEW_STEP, q.INSERT_STEPS), *_BULK.items()):
             rows = self.by_kind.get(kind)
             if rows:
-                out.append((statement, _columns(rows)))
+                out.append((statement, _json(rows)))
         if self.resets:
-            out.append((q.RESET_FAILURES, _columns(self.resets)))
+            out.append((q.RESET_FAILURES, _json(self.resets)))
         return out
 
 
-def _columns(rows: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
-    return [list(column) for column in zip(*rows, strict=True)]
+def _json(rows: Sequence[tuple[Any, ...]]) -> tuple[str]:
+    """The parameter of a bulk statement (pg_sql.rows_of): the rows as one JSON array."""
+    return (_encode(rows).decode(),)
 
 
 class Attempt:
@@ -134,7 +136,7 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
     async with conn.cursor() as cur:
         if transitions:
             await cur.execute(q.LOCK_TASKS, ([t.task_id for t in transitions],))
-            await cur.execute(q.APPLY_TRANSITIONS, _columns(
+            await cur.execute(q.APPLY_TRANSITIONS, _json(
                 [set_values(t, now) + fence_values(t)[:5] for t in transitions]))
             applied = {row[0] for row in await cur.fetchall()}
             for t in transitions:
@@ -142,7 +144,7 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
                     outcomes[index[t.task_id]] = True
                     rows.add_transition(t, now)
         if submissions:
-            await cur.execute(q.INSERT_TASKS, _columns([_task_row(task, now)
+            await cur.execute(q.INSERT_TASKS, _json([_task_row(task, now)
                                                         for task in submissions]))
             created = {row[0] for row in await cur.fetchall()}
             existing = [task for task in submissions if task.task_id not in created]

@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from importlib import resources
 from typing import Any, TypeVar
 
+import msgspec
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
@@ -73,6 +74,7 @@ __all__ = ["PostgresStore"]
 log = logging.getLogger("sasflow.store.postgres")
 
 _T = TypeVar("_T")
+_decode = msgspec.json.decode
 _RETRIED = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)  # 40001, 40P01
 _CONFLICT_ATTEMPTS = 5
 _CLOCK_REFRESH_S = 30.0
@@ -384,7 +386,7 @@ class PostgresStore:
     async def expired(self, limit: int) -> list[Task]:
         async def job(conn: psycopg.AsyncConnection[Any]) -> list[Task]:
             cur = await conn.execute(q.SELECT_EXPIRED, (self.now(), limit))
-            return await _tasks_with_steps(conn, await cur.fetchall())
+            return _tasks_and_their_steps(await cur.fetchall())
 
         return await self._at_home(lambda: self._run(job, read_only=True))
 
@@ -427,18 +429,12 @@ class PostgresStore:
 
     # ------------------------------------------------------------ reading
     async def get(self, task_id: str) -> Task | None:
-        async def job(conn: psycopg.AsyncConnection[Any]) -> Task | None:
-            async with conn.pipeline():  # both questions in one round trip
-                task_cur = await conn.execute(q.SELECT_TASK, (task_id,))
-                steps_cur = await conn.execute(q.SELECT_STEPS_OF, (task_id,))
-                found = {t.task_id: t for t in map(task_from_row, await task_cur.fetchall())}
-                steps = await steps_cur.fetchall()
-            if task_id not in found:  # (steps of a task committed after the first read)
-                return None
-            attach_steps(found, steps)
-            return found[task_id]
+        async def job(conn: psycopg.AsyncConnection[Any]) -> list[Task]:
+            cur = await conn.execute(q.SELECT_TASK_WITH_STEPS, (task_id,))
+            return _tasks_and_their_steps(await cur.fetchall())
 
-        return await self._at_home(lambda: self._run(job, read_only=True))
+        found = await self._at_home(lambda: self._run(job, read_only=True))
+        return found[0] if found else None
 
     async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
                          limit: int = 100) -> list[Task]:
@@ -524,6 +520,19 @@ class _Backoff:
 
 
 # ---------------------------------------------------------------- reading
+def _tasks_and_their_steps(rows: Iterable[tuple[Any, ...]]) -> list[Task]:
+    """Tasks from rows of TASK_COLUMNS followed by their steps as JSON (STEPS_AS_JSON)."""
+    tasks: dict[str, Task] = {}
+    steps: list[tuple[Any, ...]] = []
+    for row in rows:
+        task = task_from_row(row)
+        tasks[task.task_id] = task
+        if row[-1] is not None:
+            steps.extend((task.task_id, *step) for step in _decode(row[-1]))
+    attach_steps(tasks, steps)
+    return list(tasks.values())
+
+
 async def _tasks_with_steps(conn: psycopg.AsyncConnection[Any],
                             rows: Iterable[tuple[Any, ...]]) -> list[Task]:
     tasks = {task.task_id: task for task in map(task_from_row, rows)}
