@@ -259,6 +259,10 @@ class PostgresStore:
                 _migrate(conn, self._create)
         except psycopg.OperationalError as error:
             raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
+        except pg_errors.InsufficientPrivilege as error:
+            raise StoreError("the PostgreSQL store's sasflow schema is missing or behind and"
+                             " this role may not create it: run `sasflow db upgrade` as the"
+                             f" schema's owner ({error})") from error
         self._schema_ready = True
 
     def _sync_connection(self) -> psycopg.Connection[Any]:
@@ -268,8 +272,7 @@ class PostgresStore:
             except psycopg.Error as error:
                 raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
             if not self._schema_ready:
-                _migrate(self._sync, self._create)
-                self._schema_ready = True
+                self._ensure_schema()
             if self._clock is None:
                 sent = time.time()
                 row = self._sync.execute(q.DB_CLOCK).fetchone()
