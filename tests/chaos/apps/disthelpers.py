@@ -1,0 +1,284 @@
+"""Distributed chaos scenarios: `sasflow worker` processes over PostgreSQL and a broker.
+
+Two halves in one module, because the worker processes load it too:
+
+* the application: ``sasflow worker tests/chaos/apps/disthelpers.py:app`` serves
+  the slow and the remote agents of apps/chaosapp.py (traced to the same effects file,
+  see there), under names suffixed with a per-test namespace (``DIST_NAMESPACE``):
+  agent queues on a shared broker are named after agents, so two runs on one
+  RabbitMQ never consume each other's requests;
+* the harness: a private PostgreSQL schema, a private Redis key prefix or private
+  RabbitMQ queue names per test, and a `DistCluster` that spawns the CLI worker
+  with ``--store``/``--transport``/``--roles``/``--agents`` and reads the store
+  with psycopg. It reuses chaosharness.Cluster's observations (history, leases,
+  effects, bounded waits with diagnostics) over PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import chaosapp
+import psycopg
+from chaosapp import (
+    EFFECTS_ENV,
+    HANG_ENV,
+    HOLD,
+    INTERVAL,
+    MAX_FAILURES,
+    PARENT_ENV,
+    REMOTE_ENV,
+    RETRY_BACKOFF,
+    SLOW_ENV,
+    STEP_TIMEOUT,
+)
+from chaosharness import ALL_ROLES, Cluster, Worker
+
+from sasflow import AgentRequest, App, PermanentError, Step
+from sasflow.supervisor import LEASE_NAME
+
+APPS = Path(__file__).parent
+NAMESPACE_ENV = "DIST_NAMESPACE"
+
+ORDER = "order"
+ORDER_STEP_TIMEOUT = 3.0  # room for seven processes on two cores; a kill still expires fast
+ORDER_MAX_FAILURES = 20  # a slow machine may expire a step a few times: never compensate here
+STEP_AGENT = {"reserve": "inventory", "charge": "payments", "ship": "shipping", "hold": "slow"}
+
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+REDIS = "redis://127.0.0.1:6379/15"
+RABBITMQ = "amqp://guest:guest@127.0.0.1:5672/"
+SCHEMA_PREFIX = "chaosdist_"
+
+
+# ------------------------------------------------------------------ the application
+def agent_name(base: str, namespace: str) -> str:
+    return f"{base}-{namespace}"
+
+
+def build_app(namespace: str, store: str | None = None) -> App:
+    """The agents of apps/chaosapp.py, named within `namespace`, and two workflows:
+    HOLD (one slow step) and ORDER (reserve, charge, ship against the RemoteService)."""
+    app = App(store=store)
+
+    @app.agent(agent_name("slow", namespace))
+    def slow(req: AgentRequest) -> dict[str, Any]:
+        chaosapp.record("start", req)
+        time.sleep(float(os.environ.get(SLOW_ENV, "0.5")))
+        chaosapp.record("end", req)
+        return {"pid": os.getpid()}
+
+    def remote_agent(base: str, operation: str) -> None:
+        def do(req: AgentRequest) -> dict[str, Any]:
+            chaosapp.record("start", req)
+            if req.input.get(f"refuse_{req.step}"):
+                raise PermanentError(f"{req.step} refused for order {req.input['order_id']}")
+            reply = chaosapp.call_remote(operation, req)
+            chaosapp.stall_if_told(req)
+            chaosapp.record("end", req)
+            return {"pid": os.getpid(), "effect_id": reply["effect_id"]}
+
+        app.agent(agent_name(base, namespace), attempts=5, initial_wait=0.02, max_wait=0.2)(do)
+
+    remote_agent("inventory", "reserve")
+    remote_agent("payments", "charge")
+    remote_agent("shipping", "ship")
+
+    app.workflow(HOLD, [Step("hold", agent_name("slow", namespace), STEP_TIMEOUT)],
+                 max_failures=MAX_FAILURES, retry_backoff=RETRY_BACKOFF)
+    app.workflow(ORDER, [Step(step, agent_name(STEP_AGENT[step], namespace), ORDER_STEP_TIMEOUT)
+                         for step in ("reserve", "charge", "ship")],
+                 max_failures=ORDER_MAX_FAILURES, retry_backoff=RETRY_BACKOFF)
+    return app
+
+
+def _in_worker() -> None:
+    """In a worker process: die with the test run, dump stacks on SIGUSR1."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or int(parent) == os.getpid():
+        return
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        sys.exit(1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGUSR2, chaosapp._dump_tasks)  # what Cluster.diagnostics asks for
+
+
+_in_worker()
+app = build_app(os.environ.get(NAMESPACE_ENV, "local"))
+
+
+# ------------------------------------------------------------------ private backends
+@contextlib.contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A store URL on a new empty schema of the local server's `test` database.
+
+    Dropped afterwards; the name carries this process's id, so schemas left by a
+    killed run are dropped by the next one (as tests/contract/conftest.py does).
+    """
+    name = f"{SCHEMA_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(POSTGRES, autocommit=True) as conn:
+        stale = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname ~ %s",
+                             (f"^{SCHEMA_PREFIX}[0-9]+_",)).fetchall()
+        for (old,) in stale:
+            if not os.path.exists(f"/proc/{old[len(SCHEMA_PREFIX):].split('_')[0]}"):
+                conn.execute(f"DROP SCHEMA IF EXISTS {old} CASCADE")
+        conn.execute(f"CREATE SCHEMA {name}")
+    try:
+        yield f"{POSTGRES}?options=-csearch_path%3D{name}"
+    finally:
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+@contextlib.contextmanager
+def private_transport(kind: str, namespace: str) -> Iterator[str]:
+    """A transport URL no other test shares.
+
+    Redis: a key prefix of its own, every key under it deleted afterwards (a short
+    visibility timeout, so a dead agent's entries are taken over within the test).
+    RabbitMQ: queue names are private already (agents and instance ids carry the
+    namespace); the broker deletes the queues once unused for 20 s.
+    """
+    if kind == "redis":
+        import redis
+
+        prefix = f"sasflow-chaos-{namespace}:"
+        try:
+            yield f"{REDIS}?prefix={prefix}&visibility_timeout=2"
+        finally:
+            with redis.Redis.from_url(REDIS) as admin:
+                keys = list(admin.scan_iter(match=f"{prefix}*"))
+                if keys:
+                    admin.delete(*keys)
+    elif kind == "rabbitmq":
+        yield f"{RABBITMQ}?queue_expires=20"
+    else:
+        raise ValueError(f"unknown transport {kind!r}")
+
+
+# ------------------------------------------------------------------ the harness
+@dataclass(frozen=True)
+class LogEvent:
+    at: float
+    worker: str
+    message: str
+
+
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)$")
+
+
+class DistCluster(Cluster):
+    """A Cluster of `sasflow worker` processes on a PostgreSQL store (and a broker)."""
+
+    def __init__(self, root: Path, store_url: str, *, transport_url: str | None = None,
+                 namespace: str | None = None) -> None:
+        self.root = root
+        self.store_url = store_url
+        self.transport_url = transport_url
+        self.namespace = namespace or uuid.uuid4().hex[:10]
+        self.effects_path = root / "effects.log"
+        self.effects_path.touch()
+        self.remote_url: str | None = None
+        self.workers: list[Worker] = []
+        self.app = build_app(self.namespace, store_url)
+        self.app.alerts(limit=1)  # opens the store: its tables exist before any worker starts
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def agent(self, base: str) -> str:
+        return agent_name(base, self.namespace)
+
+    def instance(self, name: str) -> str:
+        """The instance id of worker `name` (private reply queue names on a broker)."""
+        return f"{name}-{self.namespace}"
+
+    def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
+              slow: float | None = None, hang_at: Iterable[str] = (),
+              agents: Iterable[str] | None = None) -> Worker:
+        """``sasflow worker disthelpers.py:app`` with these roles (and agents, by base name)."""
+        env = dict(os.environ)
+        env.update({EFFECTS_ENV: str(self.effects_path), PARENT_ENV: str(os.getpid()),
+                    HANG_ENV: ",".join(hang_at), NAMESPACE_ENV: self.namespace,
+                    "PYTHONPATH": os.pathsep.join([str(APPS), env.get("PYTHONPATH", "")]),
+                    "PYTHONUNBUFFERED": "1"})
+        if slow is not None:
+            env[SLOW_ENV] = str(slow)
+        if self.remote_url is not None:
+            env[REMOTE_ENV] = self.remote_url
+        command = [sys.executable, "-m", "sasflow.cli", "worker", f"{APPS / 'disthelpers.py'}:app",
+                   "--store", self.store_url, "--roles", ",".join(roles),
+                   "--instance-id", self.instance(name), "--concurrency", str(concurrency),
+                   "--supervisor-interval", str(INTERVAL), "--log-level", "info"]
+        if self.transport_url is not None:
+            command += ["--transport", self.transport_url]
+        if agents is not None:
+            command += ["--agents", ",".join(self.agent(a) for a in agents)]
+        log = self.root / f"{name}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=subprocess.STDOUT, cwd=self.root)
+        worker = Worker(self.instance(name), popen, log)
+        self.workers.append(worker)
+        return worker
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.store_url, autocommit=True)
+        statement = sql.replace("?", "%s")  # Cluster's SQL is SQLite's
+        return self._conn.execute(statement, params).fetchall()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    def lease_row(self) -> tuple[str, int, float] | None:
+        """(holder, epoch, expires_at) of the supervisor lease."""
+        rows = self.query("SELECT holder, epoch, expires_at FROM leases WHERE name = ?",
+                          (LEASE_NAME,))
+        return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+    def started(self, worker: Worker) -> bool:
+        """The worker logged its start line (its app is loaded and its roles start now)."""
+        return any(e.message.startswith(f"worker {worker.name} starting")
+                   for e in self.log_events(worker))
+
+    def log_events(self, worker: Worker) -> list[LogEvent]:
+        """The worker's log lines, with their time (the CLI's format: local time, ms)."""
+        events = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in worker.log.read_text(errors="replace").splitlines():
+                match = _LOG_LINE.match(line)
+                if match:
+                    at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    events.append(LogEvent(at, worker.name, match[2]))
+        return events
+
+    def leading(self, worker: Worker) -> list[LogEvent]:
+        """When `worker`'s supervisor said it took the lead ('leading') or lost it."""
+        return [e for e in self.log_events(worker)
+                if e.message.startswith(f"supervisor {worker.name}: ")]
+
+    def diagnostics(self) -> str:
+        try:
+            return super().diagnostics()
+        except Exception as error:  # the store itself may be what failed
+            return f"(diagnostics failed: {error!r})\n" + "\n".join(w.tail() for w in self.workers)
