@@ -141,65 +141,102 @@ def rows_of(*columns: str) -> str:
     return f"SELECT {', '.join(picked)} FROM json_array_elements(%s::json) AS r(v)"
 
 
-# The batch's task rows, locked in task-id order before they are updated: every
-# batch of every process then waits for rows in the same order (no deadlock).
-LOCK_TASKS = "SELECT 1 FROM tasks WHERE task_id = ANY(%s) ORDER BY task_id FOR UPDATE"
-
-# The fence (DESIGN invariants 2 and 4), for a whole batch: same epoch, state and
-# owner as when read, and (supervisor) a complete-by that has passed. Answers with
-# the task ids that applied; a task not among them is left exactly as it was.
-APPLY_TRANSITIONS = f"""
-WITH v AS ({rows_of("state text", "phase text", "cursor int", "locked_by text",
-                    "complete_by float8", "available_at float8", "failure_count int",
-                    "error text", "claim int", "updated_at float8", "task_id text",
-                    "epoch bigint", "from_state text", "owner text", "expired_before float8")})
-UPDATE tasks t SET state = v.state, phase = v.phase, cursor = v.cursor,
-       locked_by = v.locked_by, complete_by = v.complete_by,
-       available_at = COALESCE(v.available_at, t.available_at),
-       failure_count = v.failure_count, error = v.error, epoch = t.epoch + v.claim,
-       updated_at = v.updated_at
-FROM v
-WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
-  AND t.locked_by IS NOT DISTINCT FROM v.owner
-  AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
-RETURNING t.task_id
-"""
-
-INSERT_TASKS = f"""
-INSERT INTO tasks (task_id, workflow, input, state, available_at, reply_to, created_at,
-                   updated_at)
-{rows_of("task_id text", "workflow text", "input text", "state text", "available_at float8",
-         "reply_to text", "created_at float8", "updated_at float8")}
-ON CONFLICT (task_id) DO NOTHING
-RETURNING task_id
-"""
-
-INSERT_STEPS = f"""
-INSERT INTO steps (task_id, phase, idx, name, agent, state, idempotency_key, updated_at)
-{rows_of("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
-         "idempotency_key text", "updated_at float8")}
-"""
-
-# A batch holds one transition per task, so no step row comes twice (which
-# ON CONFLICT DO UPDATE refuses). Failure counts reset by an operator's retry
-# are zeroed by RESET_FAILURES after it.
-UPSERT_STEPS = f"""
-INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,
-                   complete_by, idempotency_key, result, error, in_doubt, updated_at)
-{rows_of("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
+_TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
+               "complete_by float8", "available_at float8", "failure_count int", "error text",
+               "claim int", "updated_at float8", "task_id text", "epoch bigint",
+               "from_state text", "owner text", "expired_before float8")
+_NEW_TASK = ("task_id text", "workflow text", "input text", "state text",
+             "available_at float8", "reply_to text", "created_at float8", "updated_at float8")
+_NEW_STEP = ("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
+             "idempotency_key text", "updated_at float8")
+_STEP = ("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
          "attempts int", "failure_count int", "complete_by float8", "idempotency_key text",
-         "result text", "error text", "in_doubt int", "updated_at float8")}
-ON CONFLICT (task_id, phase, idx) DO UPDATE SET
-    state = excluded.state,
-    attempts = steps.attempts + excluded.attempts,
-    failure_count = steps.failure_count + excluded.failure_count,
-    complete_by = COALESCE(excluded.complete_by, steps.complete_by),
-    result = COALESCE(excluded.result, steps.result),
-    error = excluded.error,
-    in_doubt = GREATEST(steps.in_doubt, excluded.in_doubt),
-    updated_at = excluded.updated_at
+         "result text", "error text", "in_doubt int", "updated_at float8")
+_HISTORY = ("task_id text", "step text", "phase text", "at float8", "actor text",
+            "epoch bigint", "from_state text", "to_state text", "why text")
+_OUTBOX = ("task_id text", "queue text", "body bytea", "created_at float8")  # task_id: a tag
+_ALERT = ("task_id text", "step text", "agent text", "at float8", "message text")
+
+_INSERT_HISTORY = """INSERT INTO history (task_id, step, phase, at, actor, epoch, from_state,
+                                          to_state, why)"""
+
+# A batch of transitions in ONE statement (its parameters: the transitions, then the
+# step, history, outbox and alert rows they imply, each as JSON):
+# - `locked`: the batch's task rows, locked in task-id order first, so every batch
+#   of every process waits for rows in the same order (no deadlock);
+# - `applied`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
+#   epoch, state and owner as when read, and (supervisor) a complete-by that has
+#   passed; a task not in it is left exactly as it was;
+# - the implied rows are written for the applied transitions only.
+# A batch holds one transition per task, so no step row comes twice (which
+# ON CONFLICT DO UPDATE refuses). Answers the transaction id and the applied ids.
+APPLY_TRANSITIONS = f"""
+WITH v AS ({rows_of(*_TRANSITION)}),
+locked AS (SELECT task_id FROM tasks WHERE task_id IN (SELECT task_id FROM v)
+           ORDER BY task_id FOR UPDATE),
+applied AS (
+    UPDATE tasks t SET state = v.state, phase = v.phase, cursor = v.cursor,
+           locked_by = v.locked_by, complete_by = v.complete_by,
+           available_at = COALESCE(v.available_at, t.available_at),
+           failure_count = v.failure_count, error = v.error, epoch = t.epoch + v.claim,
+           updated_at = v.updated_at
+    FROM v JOIN locked USING (task_id)
+    WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
+      AND t.locked_by IS NOT DISTINCT FROM v.owner
+      AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
+    RETURNING t.task_id),
+wrote_steps AS (
+    INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,
+                       complete_by, idempotency_key, result, error, in_doubt, updated_at)
+    SELECT * FROM ({rows_of(*_STEP)}) s WHERE s.task_id IN (SELECT task_id FROM applied)
+    ON CONFLICT (task_id, phase, idx) DO UPDATE SET
+        state = excluded.state,
+        attempts = steps.attempts + excluded.attempts,
+        failure_count = steps.failure_count + excluded.failure_count,
+        complete_by = COALESCE(excluded.complete_by, steps.complete_by),
+        result = COALESCE(excluded.result, steps.result),
+        error = excluded.error,
+        in_doubt = GREATEST(steps.in_doubt, excluded.in_doubt),
+        updated_at = excluded.updated_at),
+wrote_history AS (
+    {_INSERT_HISTORY}
+    SELECT * FROM ({rows_of(*_HISTORY)}) h WHERE h.task_id IN (SELECT task_id FROM applied)),
+wrote_outbox AS (
+    INSERT INTO outbox (queue, body, created_at)
+    SELECT queue, body, created_at FROM ({rows_of(*_OUTBOX)}) o
+    WHERE o.task_id IN (SELECT task_id FROM applied)),
+wrote_alerts AS (
+    INSERT INTO alerts (task_id, step, agent, at, message)
+    SELECT * FROM ({rows_of(*_ALERT)}) a WHERE a.task_id IN (SELECT task_id FROM applied))
+SELECT txid_current(), array_agg(task_id) FROM applied
 """
 
+# A batch of submissions in one statement (parameters: the tasks, their steps,
+# history and outbox rows); the rows of a task that existed already are not
+# written. Answers the transaction id and the ids of the tasks created.
+INSERT_TASKS = f"""
+WITH created AS (
+    INSERT INTO tasks (task_id, workflow, input, state, available_at, reply_to, created_at,
+                       updated_at)
+    {rows_of(*_NEW_TASK)}
+    ON CONFLICT (task_id) DO NOTHING
+    RETURNING task_id),
+wrote_steps AS (
+    INSERT INTO steps (task_id, phase, idx, name, agent, state, idempotency_key, updated_at)
+    SELECT * FROM ({rows_of(*_NEW_STEP)}) s WHERE s.task_id IN (SELECT task_id FROM created)),
+wrote_history AS (
+    {_INSERT_HISTORY}
+    SELECT * FROM ({rows_of(*_HISTORY)}) h WHERE h.task_id IN (SELECT task_id FROM created)),
+wrote_outbox AS (
+    INSERT INTO outbox (queue, body, created_at)
+    SELECT queue, body, created_at FROM ({rows_of(*_OUTBOX)}) o
+    WHERE o.task_id IN (SELECT task_id FROM created))
+SELECT txid_current(), array_agg(task_id) FROM created
+"""
+
+# What the rare transitions also need, once it is known that they applied:
+# failure counts reset by an operator's retry, and the step rows that show where
+# their compensation stands.
 RESET_FAILURES = f"""
 UPDATE steps SET failure_count = 0
 WHERE (task_id, phase, idx) IN ({rows_of("task_id text", "phase text", "idx int")})
@@ -209,20 +246,4 @@ MIRROR_UNDOS = f"""
 UPDATE steps s SET state = v.state, updated_at = v.updated_at
 FROM ({rows_of("state text", "updated_at float8", "task_id text", "idx int")}) AS v
 WHERE s.task_id = v.task_id AND s.phase = 'do' AND s.idx = v.idx
-"""
-
-INSERT_HISTORIES = f"""
-INSERT INTO history (task_id, step, phase, at, actor, epoch, from_state, to_state, why)
-{rows_of("task_id text", "step text", "phase text", "at float8", "actor text", "epoch bigint",
-         "from_state text", "to_state text", "why text")}
-"""
-
-INSERT_OUTBOXES = f"""
-INSERT INTO outbox (queue, body, created_at)
-{rows_of("queue text", "body bytea", "created_at float8")}
-"""
-
-INSERT_ALERTS = f"""
-INSERT INTO alerts (task_id, step, agent, at, message)
-{rows_of("task_id text", "step text", "agent text", "at float8", "message text")}
 """

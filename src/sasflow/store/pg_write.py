@@ -26,7 +26,7 @@ from sasflow.errors import TaskConflictError
 from sasflow.model import Phase, StepState, TaskState
 from sasflow.store import pg_sql as q
 from sasflow.store.base import NewTask
-from sasflow.store.rows import RowKind, fence_values, implied_rows, set_values, status_row
+from sasflow.store.rows import fence_values, implied_rows, set_values, status_row
 from sasflow.transition import Transition
 
 __all__ = ["Attempt", "Outcome", "Write", "insert_sync", "transaction_status", "write_batch"]
@@ -36,67 +36,82 @@ Outcome = bool | Exception  # applied / created, or why a submission was refused
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
-# each kind of row, as one statement taking a batch's rows as arrays
-_BULK: dict[RowKind, str] = {
-    "step": q.UPSERT_STEPS, "mirror": q.MIRROR_UNDOS, "history": q.INSERT_HISTORIES,
-    "outbox": q.INSERT_OUTBOXES, "alert": q.INSERT_ALERTS}
-_NEW_STEP = "new-step"  # a submitted task's steps: plain INSERTs
 _CLAIMABLE = (TaskState.PENDING, TaskState.COMPENSATING)
 
 
-class _Rows:
-    """The rows of a batch that only need writing, by kind, sent as arrays."""
+class _Implied:
+    """The rows a batch's writes imply, tagged with their task: the statement
+    writes those of the writes that applied (pg_sql.APPLY_TRANSITIONS)."""
 
     def __init__(self) -> None:
-        self.by_kind: dict[str, list[tuple[Any, ...]]] = {}
-        self.resets: list[tuple[str, str, int]] = []  # operator retry: failure count = 0
-        self.wake_at: float | None = None  # the earliest claimable time of new work
-
-    def add(self, kind: str, row: tuple[Any, ...]) -> None:
-        self.by_kind.setdefault(kind, []).append(row)
-
-    def work_at(self, at: float) -> None:
-        self.wake_at = at if self.wake_at is None else min(self.wake_at, at)
+        self.steps: list[tuple[Any, ...]] = []
+        self.history: list[tuple[Any, ...]] = []
+        self.outbox: list[tuple[Any, ...]] = []  # (task_id, queue, body, created_at)
+        self.alerts: list[tuple[Any, ...]] = []
+        # the rare rows, written after the statement for the tasks it applied
+        self.resets: dict[str, list[tuple[str, str, int]]] = {}
+        self.mirrors: dict[str, list[tuple[Any, ...]]] = {}
 
     def add_transition(self, t: Transition, now: float) -> None:
         for kind, row in implied_rows(t, now):
             if kind == "step":
-                *values, failures = row  # the last value says "reset" when < 0
+                *values, failures = row  # the last value asks for a reset when < 0
                 if failures < 0:
                     values[7] = 0
-                    self.resets.append((row[0], row[1], row[2]))
-                row = tuple(values)
-            self.add(kind, row)
+                    self.resets.setdefault(t.task_id, []).append((row[0], row[1], row[2]))
+                self.steps.append(tuple(values))
+            elif kind == "mirror":
+                self.mirrors.setdefault(t.task_id, []).append(row)
+            elif kind == "history":
+                self.history.append(row)
+            elif kind == "outbox":
+                self.outbox.append((t.task_id, *row))
+            elif kind == "alert":
+                self.alerts.append(row)
+
+    def add_submission(self, task: NewTask, now: float) -> None:
+        self.steps.extend((task.task_id, Phase.DO.value, i, name, agent,
+                           StepState.PENDING.value, key, now)
+                          for i, (name, agent, key) in enumerate(task.steps))
+        self.history.append((task.task_id, None, None, now, "submit", 0, None,
+                             TaskState.PENDING.value, "submitted"))
+        if task.reply_to:
+            self.outbox.append((task.task_id, *status_row(
+                task.reply_to, task.task_id, "received", TaskState.PENDING, None, now)))
+
+
+class _After:
+    """What follows from the writes that applied: the rare rows (resets, undo
+    mirrors) and the wake-up of idle schedulers."""
+
+    def __init__(self) -> None:
+        self.resets: list[tuple[str, str, int]] = []
+        self.mirrors: list[tuple[Any, ...]] = []
+        self.wake_at: float | None = None  # the earliest claimable time of new work
+
+    def work_at(self, at: float) -> None:
+        self.wake_at = at if self.wake_at is None else min(self.wake_at, at)
+
+    def applied(self, t: Transition, implied: _Implied, now: float) -> None:
+        self.resets.extend(implied.resets.get(t.task_id, ()))
+        self.mirrors.extend(implied.mirrors.get(t.task_id, ()))
         if t.locked_by is None and t.state in _CLAIMABLE:  # released: claimable again
             self.work_at(t.available_at if t.available_at is not None else now)
 
-    def add_submission(self, task: NewTask, now: float) -> None:
-        for i, (name, agent, key) in enumerate(task.steps):
-            self.add(_NEW_STEP, (task.task_id, Phase.DO.value, i, name, agent,
-                                 StepState.PENDING.value, key, now))
-        self.add("history", (task.task_id, None, None, now, "submit", 0, None,
-                             TaskState.PENDING.value, "submitted"))
-        if task.reply_to:
-            self.add("outbox", status_row(task.reply_to, task.task_id, "received",
-                                          TaskState.PENDING, None, now))
-        self.work_at(now)
-
-    def statements(self) -> list[tuple[str, tuple[str]]]:
-        """Each kind's statement with its rows as column arrays, in a safe order:
-        new steps before the updates of steps, resets after them."""
-        out: list[tuple[str, tuple[str]]] = []
-        for kind, statement in ((_NEW_STEP, q.INSERT_STEPS), *_BULK.items()):
-            rows = self.by_kind.get(kind)
-            if rows:
-                out.append((statement, _json(rows)))
+    def statements(self) -> list[tuple[str, tuple[str, ...]]]:
+        out: list[tuple[str, tuple[str, ...]]] = []
         if self.resets:
             out.append((q.RESET_FAILURES, _json(self.resets)))
+        if self.mirrors:
+            out.append((q.MIRROR_UNDOS, _json(self.mirrors)))
+        if self.wake_at is not None:
+            out.append((q.NOTIFY_WORK, (repr(self.wake_at),)))
         return out
 
 
-def _json(rows: Sequence[tuple[Any, ...]]) -> tuple[str]:
-    """The parameter of a bulk statement (pg_sql.rows_of): the rows as one JSON array."""
-    return (_encode(rows).decode(),)
+def _json(*rows: Sequence[tuple[Any, ...]]) -> tuple[str, ...]:
+    """Parameters of a bulk statement (pg_sql.rows_of): each set of rows as one JSON array."""
+    return tuple(_encode(r).decode() for r in rows)
 
 
 class Attempt:
@@ -124,49 +139,58 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
                       attempt: Attempt, now: float) -> list[Outcome]:
     """Write `batch` in the caller's transaction; what became of each write, in order.
 
-    The caller keeps one write per task in a batch, in task-id order: every batch
-    then locks task rows in the same order, so two batches never deadlock.
+    The caller keeps one write per task in a batch; the statement locks the
+    batch's task rows in task-id order, so two batches never deadlock.
     """
     outcomes: list[Outcome] = [False] * len(batch)
-    xid = await conn.execute(q.TRANSACTION_ID)  # read with the first answers below
     index = {write.task_id: i for i, write in enumerate(batch)}
     transitions = [t for t in batch if isinstance(t, Transition)]
     submissions = [t for t in batch if isinstance(t, NewTask)]
-    rows = _Rows()
+    after = _After()
     async with conn.cursor() as cur:
         if transitions:
-            await cur.execute(q.LOCK_TASKS, ([t.task_id for t in transitions],))
+            implied = _Implied()
+            for t in transitions:
+                implied.add_transition(t, now)
             await cur.execute(q.APPLY_TRANSITIONS, _json(
-                [set_values(t, now) + fence_values(t)[:5] for t in transitions]))
-            applied = {row[0] for row in await cur.fetchall()}
+                [set_values(t, now) + fence_values(t)[:5] for t in transitions],
+                implied.steps, implied.history, implied.outbox, implied.alerts))
+            applied = await _answer(cur, attempt)
             for t in transitions:
                 if t.task_id in applied:
                     outcomes[index[t.task_id]] = True
-                    rows.add_transition(t, now)
+                    after.applied(t, implied, now)
         if submissions:
-            await cur.execute(q.INSERT_TASKS, _json([_task_row(task, now)
-                                                        for task in submissions]))
-            created = {row[0] for row in await cur.fetchall()}
+            implied = _Implied()
+            for task in submissions:
+                implied.add_submission(task, now)
+            await cur.execute(q.INSERT_TASKS, _json(
+                [_task_row(task, now) for task in submissions], implied.steps,
+                implied.history, implied.outbox))
+            created = await _answer(cur, attempt)
             existing = [task for task in submissions if task.task_id not in created]
             for task in submissions:
                 if task.task_id in created:
                     outcomes[index[task.task_id]] = True
-                    rows.add_submission(task, now)
+                    after.work_at(now)
             if existing:
                 await cur.execute(q.SELECT_TASK_IDENTITIES, ([t.task_id for t in existing],))
                 found = {r[0]: (r[1], r[2]) for r in await cur.fetchall()}
                 for task in existing:
                     outcomes[index[task.task_id]] = _identity_outcome(task,
                                                                       *found[task.task_id])
-        for statement, columns in rows.statements():
-            await cur.execute(statement, columns)
-        if rows.wake_at is not None:
-            await cur.execute(q.NOTIFY_WORK, (repr(rows.wake_at),))
-    row = await xid.fetchone()
-    assert row is not None
-    attempt.xid = int(row[0])
+        for statement, params in after.statements():
+            await cur.execute(statement, params)
     attempt.outcomes = outcomes
     return outcomes
+
+
+async def _answer(cur: psycopg.AsyncCursor[Any], attempt: Attempt) -> set[str]:
+    """The (transaction id, ids written) a bulk statement answers; notes the id."""
+    row = await cur.fetchone()
+    assert row is not None
+    attempt.xid = int(row[0])
+    return set(row[1] or ())
 
 
 async def transaction_status(conn: psycopg.AsyncConnection[Any], xid: int) -> str | None:
@@ -177,17 +201,19 @@ async def transaction_status(conn: psycopg.AsyncConnection[Any], xid: int) -> st
 
 def insert_sync(conn: psycopg.Connection[Any], task: NewTask, now: float) -> bool:
     """One submission in the caller's (blocking) transaction; False if it existed."""
+    implied = _Implied()
+    implied.add_submission(task, now)
     with conn.cursor() as cur:
-        if cur.execute(q.INSERT_TASK, _task_row(task, now)).fetchone() is None:
-            row = cur.execute(q.SELECT_TASK_IDENTITY, (task.task_id,)).fetchone()
-            assert row is not None  # ON CONFLICT: it is there
-            outcome = _identity_outcome(task, row[0], row[1])
+        cur.execute(q.INSERT_TASKS, _json([_task_row(task, now)], implied.steps,
+                                          implied.history, implied.outbox))
+        row = cur.fetchone()
+        assert row is not None
+        if not row[1]:
+            found = cur.execute(q.SELECT_TASK_IDENTITY, (task.task_id,)).fetchone()
+            assert found is not None  # ON CONFLICT: it is there
+            outcome = _identity_outcome(task, found[0], found[1])
             if isinstance(outcome, TaskConflictError):
                 raise outcome
             return False
-        rows = _Rows()
-        rows.add_submission(task, now)
-        for statement, columns in rows.statements():
-            cur.execute(statement, columns)
         cur.execute(q.NOTIFY_WORK, (repr(now),))
     return True

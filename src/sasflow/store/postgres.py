@@ -356,16 +356,12 @@ class PostgresStore:
 
         async def job(conn: psycopg.AsyncConnection[Any], attempt: Attempt) -> list[Task]:
             now = self.now()
-            xid = await conn.execute(q.TRANSACTION_ID)
             rows: list[tuple[Any, ...]] = []
             async with conn.cursor() as cur:
                 for name in names:
                     await cur.execute(q.SELECT_CLAIMABLE, (name, now, limit))
                     rows.extend(await cur.fetchall())
-            row = await xid.fetchone()
-            assert row is not None
-            attempt.xid = int(row[0])
-            if not rows:
+            if not rows:  # nothing written: no transaction id, no WAL flush at commit
                 return []
             if len(names) > 1:  # the earliest runnable first, whatever their workflow;
                 # the rows left over are unlocked again at commit
