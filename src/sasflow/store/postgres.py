@@ -81,6 +81,7 @@ _CLOCK_REFRESH_S = 30.0
 _OUTBOX_LEASE_S = 30.0
 _RECONNECT_FOR_S = 60.0  # how long a call waits for a lost database to come back
 _BACKOFF_MAX_S = 1.0
+_POOL_WAIT_MAX_S = 30.0
 
 
 class _Lost(Exception):
@@ -176,7 +177,7 @@ class PostgresStore:
             if self._opened:
                 return pool
             try:
-                await pool.open(wait=True, timeout=30.0)
+                await pool.open(wait=True, timeout=min(_POOL_WAIT_MAX_S, self.reconnect_for))
             except psycopg.Error as error:  # PoolTimeout is one too
                 raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
             if not self._schema_ready:  # checked before any use (open() again is a no-op)
@@ -185,21 +186,24 @@ class PostgresStore:
         return pool
 
     async def _run(self, job: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]], *,
-                   read_only: bool = False, lost: str = "retry") -> _T:
+                   read_only: bool = False, lost: str = "retry",
+                   backoff: _Backoff | None = None) -> _T:
         """Run `job` in one transaction (in the home loop), retrying what may be retried.
 
         Again after a conflict (40001, 40P01). After a lost connection, with
         `lost="retry"` (reads and writes that are safe to repeat) again once the
         database is back, for up to `reconnect_for` seconds; with `lost="raise"`
-        the caller, who knows how to find out what committed, gets `_Lost`.
+        the caller, who knows how to find out what committed, gets `_Lost`. Waiting
+        for a connection counts against the same budget (`backoff`, the caller's
+        if it has one).
         """
         pool = await self._open() if not self._opened else self._pool
         assert pool is not None
         conflicts = 0
-        backoff = _Backoff(self.reconnect_for)
+        backoff = backoff or _Backoff(self.reconnect_for)
         while True:
             try:
-                async with pool.connection() as conn:
+                async with pool.connection(timeout=backoff.patience()) as conn:
                     if self._clock is None and time.time() - self._offset_at > _CLOCK_REFRESH_S:
                         await self._refresh_clock(conn)
                     if read_only:  # autocommit: no BEGIN/COMMIT round trips
@@ -221,7 +225,8 @@ class PostgresStore:
                 await backoff.wait(error)
 
     async def _resolved(self, job: Callable[[psycopg.AsyncConnection[Any], Attempt],
-                                            Awaitable[_T]]) -> tuple[bool, _T | None]:
+                                            Awaitable[_T]],
+                        backoff: _Backoff | None = None) -> tuple[bool, _T | None]:
         """Run a write; (True, its result) if it committed, (False, None) if it did not.
 
         If the connection dies, the database is asked, once back, whether the
@@ -235,8 +240,10 @@ class PostgresStore:
             return done[-1]
 
         try:
-            return True, await self._run(run, lost="raise")
+            return True, await self._run(run, lost="raise", backoff=backoff)
         except _Lost as lost:
+            if backoff is not None:
+                backoff.note(lost)
             if not done or attempt.xid is None:
                 return False, None  # it died before COMMIT was sent: rolled back
             log.warning("connection lost at commit (%s); asking what became of it", lost)
@@ -247,7 +254,7 @@ class PostgresStore:
         backoff = _Backoff(self.reconnect_for)
         while True:
             status = await self._run(lambda conn: transaction_status(conn, xid),
-                                     read_only=True)
+                                     read_only=True, backoff=backoff)
             if status != "in progress":  # its server process has not noticed yet
                 return status
             await backoff.wait(None)
@@ -287,7 +294,7 @@ class PostgresStore:
         backoff = _Backoff(self.reconnect_for)
         while True:
             committed, outcomes = await self._resolved(
-                lambda conn, attempt: write_batch(conn, batch, attempt, self.now()))
+                lambda conn, attempt: write_batch(conn, batch, attempt, self.now()), backoff)
             if committed:
                 assert outcomes is not None
                 return outcomes
@@ -508,10 +515,20 @@ class _Backoff:
     def __init__(self, budget: float) -> None:
         self._deadline = time.monotonic() + budget
         self._delay = 0.05
+        self._error: Exception | None = None  # the last cause, for the final error
+
+    def note(self, error: Exception) -> None:
+        self._error = error
+
+    def patience(self) -> float:
+        """How long one wait for a connection may last: what is left of the budget."""
+        return min(max(self._deadline - time.monotonic(), 0.05), _POOL_WAIT_MAX_S)
 
     async def wait(self, error: Exception | None, *, quiet: bool = False) -> None:
+        self._error = error or self._error
         if time.monotonic() >= self._deadline:
-            raise StoreError(f"the PostgreSQL store stayed unreachable: {error}") from error
+            raise StoreError(f"the PostgreSQL store stayed unreachable: {self._error}"
+                             ) from self._error
         if error is not None and not quiet:
             log.warning("PostgreSQL store unreachable (%s); retrying", error)
         await asyncio.sleep(random.uniform(0.5, 1.0) * self._delay)

@@ -1,0 +1,511 @@
+"""The PostgreSQL store under faults: lost commits, killed connections, an unreachable
+server, NOTIFY wake-ups, and calls from an event loop other than the pool's.
+
+Faults are made by a loopback TCP proxy in front of the local server (it can cut
+a connection right after a given statement went through, or turn every new
+connection away for a while) and by `pg_terminate_backend`. Each test runs on a
+private schema of the local server (conftest STORES).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import psycopg
+import pytest
+from test_store_contract import (
+    PLANS,
+    Clock,
+    StoreFactory,
+    assert_stored_as_planned,
+    claim_one,
+    new_task,
+    submitted,
+)
+
+from sasflow import AgentRequest, App, Step
+from sasflow.errors import StoreError, UnknownTaskError
+from sasflow.model import Task, TaskState
+from sasflow.store.postgres import PostgresStore
+
+on_postgres = pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
+SERVER = ("127.0.0.1", 5432)
+
+
+def postgres(make_store: StoreFactory, clock: Clock | None = None) -> PostgresStore:
+    store = make_store(clock=clock)
+    assert isinstance(store, PostgresStore)
+    return store
+
+
+async def until(predicate: Callable[[], object], seconds: float = 5.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+class Proxy:
+    """A loopback TCP proxy to PostgreSQL that can lose a statement's answer or refuse.
+
+    `cut_after(marker)`: the next client chunk holding `marker` is passed on to the
+    server, then both sides are closed at once: the server runs what it got, the
+    client never hears the answer. `refusing`: new connections are closed as soon
+    as they are accepted (the server is unreachable).
+    """
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.accepted = 0
+        self.refusing = False
+        self.marker: bytes | None = None
+        self.fired = asyncio.Event()
+        self._links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self._pumps: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def url(self, conninfo: str) -> str:
+        """The same database, reached through this proxy."""
+        return conninfo.replace(f"@{SERVER[0]}:{SERVER[1]}/", f"@127.0.0.1:{self.port}/")
+
+    def cut_after(self, marker: bytes) -> None:
+        self.fired.clear()
+        self.marker = marker
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            writer.transport.abort()
+            return
+        self.accepted += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*SERVER)
+        except OSError:
+            writer.transport.abort()
+            return
+        link = (writer, up_writer)
+        self._links.append(link)
+        dead: list[bool] = []
+        for pump in (self._up(reader, up_writer, writer, dead),
+                     self._down(up_reader, writer, dead)):
+            task = asyncio.create_task(pump)
+            self._pumps.add(task)
+            task.add_done_callback(self._pumps.discard)
+
+    async def _up(self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter,
+                  writer: asyncio.StreamWriter, dead: list[bool]) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                if self.marker is not None and self.marker in data:
+                    self.marker = None
+                    dead.append(True)  # nothing more goes back to the client
+                    writer.transport.abort()
+                    up_writer.write(data)  # the server gets it all, then end of file
+                    await up_writer.drain()
+                    self.fired.set()
+                    break
+                up_writer.write(data)
+                await up_writer.drain()
+        up_writer.close()
+
+    async def _down(self, up_reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    dead: list[bool]) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await up_reader.read(65536):
+                if dead:
+                    break
+                writer.write(data)
+                await writer.drain()
+        if dead:
+            writer.transport.abort()
+        else:
+            writer.close()
+
+    def cut(self) -> None:
+        """Drop every open connection at once, as a server restart does."""
+        for writer, up_writer in self._links:
+            writer.transport.abort()
+            up_writer.transport.abort()
+        self._links.clear()
+
+    async def stop(self) -> None:
+        self.cut()
+        assert self._server is not None
+        self._server.close()
+        for pump in list(self._pumps):
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await self._server.wait_closed()
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[Proxy]:
+    started = Proxy()
+    await started.start()
+    yield started
+    await started.stop()
+
+
+def history_rows(entries: list[Any]) -> list[tuple[Any, ...]]:
+    return [(e.step, e.phase, e.actor, e.epoch, e.from_state, e.to_state, e.why)
+            for e in entries]
+
+
+# ---------------------------------------------------------------- a lost COMMIT answer
+
+
+@on_postgres
+async def test_postgres_apply_whose_commit_answer_is_lost_is_applied_once(
+        make_store: StoreFactory, clock: Clock, proxy: Proxy,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """COMMIT reached the server, its answer never came back: the store asks the
+    database (txid_status), finds it committed, answers True and does not write again."""
+    direct = postgres(make_store, clock)
+    await submitted(direct, "control", "order-1")
+    plan = PLANS["order"]
+    control = await claim_one(direct, "s1")
+    task = await claim_one(direct, "s1")
+    assert (control.task_id, task.task_id) == ("control", "order-1")
+    clock.advance(1)
+    assert await direct.apply(plan.reply(control, "s1", True, {"sku": 7}, None, clock.now))
+
+    store = PostgresStore(proxy.url(direct.conninfo), clock=clock, reconnect_for=10.0)
+    try:
+        assert await store.get("order-1") is not None  # opened, through the proxy
+        before = proxy.accepted
+        proxy.cut_after(b"COMMIT")
+        with caplog.at_level(logging.WARNING, logger="sasflow.store.postgres"):
+            async with asyncio.timeout(15):
+                applied = await store.apply(
+                    plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
+        assert applied is True
+        assert proxy.fired.is_set()
+        assert any("connection lost at commit" in r.getMessage() for r in caplog.records
+                   if r.name == "sasflow.store.postgres")
+        assert proxy.accepted > before  # it came back on a new connection to ask
+    finally:
+        await store.close()
+    stored = await direct.get("order-1")
+    assert stored is not None
+    assert_stored_as_planned(stored, task)
+    assert (stored.cursor, stored.steps[0].result) == (1, {"sku": 7})
+    rows = history_rows(await direct.history("order-1"))
+    assert rows == history_rows(await direct.history("control"))  # the same, once
+    assert [r[:2] + r[4:6] for r in rows].count(("reserve", "do", "running", "completed")) == 1
+
+
+@on_postgres
+async def test_postgres_apply_cut_before_commit_is_written_again_once(
+        make_store: StoreFactory, clock: Clock, proxy: Proxy,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The connection dies after the fenced UPDATE went out, before COMMIT: nothing
+    committed, so the batch is written again on a new connection, and only once."""
+    direct = postgres(make_store, clock)
+    await submitted(direct, "control", "order-1")
+    plan = PLANS["order"]
+    control = await claim_one(direct, "s1")
+    task = await claim_one(direct, "s1")
+    clock.advance(1)
+    assert await direct.apply(plan.reply(control, "s1", True, {"sku": 7}, None, clock.now))
+
+    store = PostgresStore(proxy.url(direct.conninfo), clock=clock, reconnect_for=10.0)
+    try:
+        assert await store.get("order-1") is not None
+        before = proxy.accepted
+        proxy.cut_after(b"UPDATE tasks")
+        with caplog.at_level(logging.WARNING, logger="sasflow.store.postgres"):
+            async with asyncio.timeout(15):
+                applied = await store.apply(
+                    plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
+        assert applied is True
+        assert proxy.fired.is_set()
+        assert proxy.accepted > before  # written on a new connection
+        # COMMIT was never sent: no question to the database, simply written again
+        assert not any("connection lost at commit" in r.getMessage() for r in caplog.records)
+    finally:
+        await store.close()
+    stored = await direct.get("order-1")
+    assert stored is not None
+    assert_stored_as_planned(stored, task)
+    rows = history_rows(await direct.history("order-1"))
+    assert rows == history_rows(await direct.history("control"))
+    assert [r[:2] + r[4:6] for r in rows].count(("reserve", "do", "running", "completed")) == 1
+
+
+@on_postgres
+async def test_postgres_claim_whose_commit_answer_is_lost_returns_the_claimed_tasks(
+        make_store: StoreFactory, clock: Clock, proxy: Proxy) -> None:
+    """A claim that committed though its answer was lost returns its tasks (not [])."""
+    direct = postgres(make_store, clock)
+    await submitted(direct, "t1", "t2")
+    store = PostgresStore(proxy.url(direct.conninfo), clock=clock, reconnect_for=10.0)
+    try:
+        assert await store.get("t1") is not None
+        proxy.cut_after(b"COMMIT")
+        async with asyncio.timeout(15):
+            claimed = await store.claim("s1", 10, PLANS)
+        assert proxy.fired.is_set()
+    finally:
+        await store.close()
+    assert sorted(t.task_id for t in claimed) == ["t1", "t2"]
+    for task_id in ("t1", "t2"):
+        stored = await direct.get(task_id)
+        assert stored is not None and (stored.locked_by, stored.epoch) == ("s1", 1)
+        assert [e.to_state for e in await direct.history(task_id)].count("processing") == 1
+
+
+# ---------------------------------------------------------------- an unreachable server
+
+
+@on_postgres
+async def test_postgres_write_waits_for_the_server_to_come_back(
+        make_store: StoreFactory, clock: Clock, proxy: Proxy) -> None:
+    """Every connection cut and new ones refused for 1.5 s: a submit waits, then succeeds."""
+    direct = postgres(make_store, clock)
+    store = PostgresStore(proxy.url(direct.conninfo), clock=clock)
+    try:
+        assert await store.get("t1") is None
+        proxy.refusing = True
+        proxy.cut()
+        started = time.monotonic()
+        write = asyncio.create_task(store.submit(new_task("t1")))
+        await asyncio.sleep(1.5)
+        assert not write.done()  # waiting, not failed
+        proxy.refusing = False
+        async with asyncio.timeout(10):
+            assert await write is True
+        waited = time.monotonic() - started
+    finally:
+        await store.close()
+    assert waited >= 1.5
+    task = await direct.get("t1")
+    assert task is not None and task.state is TaskState.PENDING
+    assert len(await direct.history("t1")) == 1
+
+
+@on_postgres
+async def test_postgres_write_gives_up_after_reconnect_for(
+        make_store: StoreFactory, clock: Clock, proxy: Proxy) -> None:
+    """With reconnect_for=0.5 and the server gone for good, a StoreError after about 0.5 s."""
+    direct = postgres(make_store, clock)
+    store = PostgresStore(proxy.url(direct.conninfo), clock=clock, reconnect_for=0.5)
+    try:
+        assert await store.get("t1") is None
+        proxy.refusing = True
+        proxy.cut()
+        started = time.monotonic()
+        with pytest.raises(StoreError):
+            async with asyncio.timeout(6):  # a TimeoutError here means it hung on
+                await store.submit(new_task("t1"))
+        took = time.monotonic() - started
+    finally:
+        proxy.refusing = False
+        await store.close()
+    assert 0.4 <= took < 2.0
+    assert await direct.get("t1") is None
+
+
+# ---------------------------------------------------------------- connections killed under load
+
+
+@on_postgres
+async def test_postgres_app_finishes_every_task_once_while_its_connections_are_killed(
+        make_store: StoreFactory) -> None:
+    """200 three-step tasks while the server ends the store's connections again and
+    again: all processed, each step completed exactly once, no error to the caller."""
+    name = f"sasflow-faults-{uuid.uuid4().hex[:10]}"
+    url = postgres(make_store).conninfo
+    app = App(store=f"{url}&application_name={name}")
+
+    for agent in ("a", "b", "c"):
+        @app.agent(agent)
+        async def step(req: AgentRequest) -> dict[str, Any]:
+            await asyncio.sleep(0.002)
+            return {"n": req.input["n"], "step": req.step}
+
+    app.workflow("three", steps=[Step("one", agent="a", timeout=10.0),
+                                 Step("two", agent="b", timeout=10.0),
+                                 Step("three", agent="c", timeout=10.0)])
+    ids = [f"job-{n:03}" for n in range(200)]
+    finished = threading.Event()
+
+    def run() -> list[Task]:
+        app.start()
+        try:
+            for n, task_id in enumerate(ids):
+                app.submit("three", {"n": n}, task_id=task_id)
+            return [app.wait(task_id, timeout=25) for task_id in ids]
+        finally:
+            finished.set()
+            app.stop()
+
+    killed: list[int] = []
+
+    async def kill() -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+            await asyncio.sleep(0.2)
+            for _ in range(6):
+                if finished.is_set():
+                    break
+                cur = await admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE application_name = %s", (name,))
+                killed.append(len(await cur.fetchall()))
+                await asyncio.sleep(0.25)
+
+    done, _ = await asyncio.gather(asyncio.to_thread(run), kill())
+    assert len(killed) >= 3 and sum(killed) >= 3  # the connections really were ended
+    assert [t.state for t in done] == [TaskState.PROCESSED] * 200
+    check = postgres(make_store)
+    for task_id in ids:
+        completed = [(e.step, e.phase) for e in await check.history(task_id)
+                     if e.step is not None and e.to_state == "completed"]
+        assert sorted(completed) == [("one", "do"), ("three", "do"), ("two", "do")], task_id
+
+
+# ---------------------------------------------------------------- NOTIFY wake-ups
+
+
+def own_time(clock: Clock) -> None:
+    """Move `clock` to a time no other store sends: the channel is the whole
+    database's, so other schemas' (other tests') wake-ups may be heard too."""
+    clock.now = 1_500_000_000.0 + uuid.uuid4().int % 10**9 / 1000
+
+
+@on_postgres
+async def test_postgres_watch_hears_a_submit_by_another_store(make_store: StoreFactory,
+                                                              clock: Clock) -> None:
+    """A submit on store B wakes store A's watcher within 0.5 s, with the work's time."""
+    own_time(clock)
+    a, b = postgres(make_store, clock), postgres(make_store, clock)
+    await a.get("warm-up")
+    heard: list[float] = []
+    watcher = asyncio.create_task(a.watch(heard.append))
+    try:
+        await until(lambda: clock.now in heard)  # wake(now) once, on connecting
+        clock.advance(3)
+        started = time.monotonic()
+        assert await b.submit(new_task("t1"))
+        await until(lambda: clock.now in heard, 0.5)
+        assert time.monotonic() - started < 0.5
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+
+@on_postgres
+async def test_postgres_a_rolled_back_submit_in_wakes_no_one_and_a_committed_one_does(
+        make_store: StoreFactory, clock: Clock) -> None:
+    """E1: the wake-up commits with the caller's transaction, or not at all."""
+    own_time(clock)
+    store = postgres(make_store, clock)
+    await store.get("warm-up")
+    heard: list[float] = []
+    watcher = asyncio.create_task(store.watch(heard.append))
+    try:
+        await until(lambda: clock.now in heard)
+        clock.advance(1)
+        with psycopg.connect(store.conninfo) as conn:
+            assert store.submit_in(conn, new_task("gone"))
+            conn.rollback()
+        await asyncio.sleep(0.5)
+        assert clock.now not in heard
+        clock.advance(1)
+        with psycopg.connect(store.conninfo) as conn:
+            assert store.submit_in(conn, new_task("kept"))
+            await asyncio.sleep(0.2)
+            assert clock.now not in heard  # not before the caller commits
+            conn.commit()
+        await until(lambda: clock.now in heard, 0.5)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    assert await store.get("gone") is None
+    assert await store.get("kept") is not None
+
+
+@on_postgres
+async def test_postgres_an_idle_scheduler_takes_work_from_another_host_at_once(
+        make_store: StoreFactory) -> None:
+    """Idle for over 3 s (polling every 2 s by then), a scheduler takes a task another
+    store instance submitted in well under a second: it was told, it did not poll."""
+    url = postgres(make_store).conninfo
+
+    def declare(app: App) -> None:
+        @app.agent("echo")
+        def echo(req: AgentRequest) -> dict[str, Any]:
+            return {"echo": req.input}
+
+        app.workflow("one", steps=[Step("only", agent="echo", timeout=10.0)])
+
+    name = f"sasflow-runner-{uuid.uuid4().hex[:10]}"
+    runner, submitter = App(store=f"{url}&application_name={name}"), App(store=url)
+    declare(runner)
+    declare(submitter)
+    runner.start()
+    try:
+        await asyncio.sleep(3.1)  # without the wake-up, the next poll is over 1 s away
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+            cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE"
+                                      " application_name = %s AND query = 'LISTEN sasflow_work'",
+                                      (name,))
+            assert await cur.fetchone() == (1,)  # the runner's scheduler is listening
+        started = time.monotonic()
+        await submitter.asubmit("one", {"x": 1}, task_id="t1")  # its own store: no
+        # in-process wake-up reaches the runner
+        async with asyncio.timeout(5):
+            while (await submitter.aget("t1")).state is not TaskState.PROCESSED:
+                await asyncio.sleep(0.005)
+        took = time.monotonic() - started
+    finally:
+        await asyncio.to_thread(runner.stop)
+        await asyncio.to_thread(submitter.close)
+    assert took < 1.0, f"took {took:.2f}s"
+
+
+# ---------------------------------------------------------------- calls from another loop
+
+
+@on_postgres
+async def test_postgres_calls_from_another_event_loop_than_the_roles(
+        make_store: StoreFactory) -> None:
+    """Roles in app.start()'s background loop; 200 asubmit/await_ from asyncio.run()."""
+    url = postgres(make_store).conninfo
+    app = App(store=url)
+
+    @app.agent("echo")
+    async def echo(req: AgentRequest) -> dict[str, Any]:
+        return {"echo": req.input}
+
+    app.workflow("two", steps=[Step("first", agent="echo", timeout=10.0),
+                               Step("second", agent="echo", timeout=10.0)])
+
+    async def client() -> list[Task]:
+        async def one(n: int) -> Task:
+            task_id = await app.asubmit("two", {"n": n}, task_id=f"web-{n:03}")
+            return await app.await_(task_id, timeout=20)
+
+        async with asyncio.timeout(25):
+            return await asyncio.gather(*(one(n) for n in range(200)))
+
+    def run() -> list[Task]:
+        app.start()
+        try:
+            with pytest.raises(UnknownTaskError):
+                app.get("nothing")  # the store's pool now lives in the roles' loop
+            return asyncio.run(client())
+        finally:
+            app.stop()
+
+    done = await asyncio.to_thread(run)
+    assert [t.state for t in done] == [TaskState.PROCESSED] * 200
+    assert done[17].steps[1].result == {"echo": {"n": 17}}
