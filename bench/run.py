@@ -18,7 +18,10 @@ Environment (all optional):
   PEER_TMP=<scratch>/peer                   the peer's scratch dir
   PEER_N=                 tasks per peer throughput run (default: the peer's own, 1000)
   SASFLOW_BENCH_TMP=<tmp>/sasflow-bench     scratch dir for everything
-Usage: python bench/run.py   (or: make bench)
+Usage: python bench/run.py   (or: make bench; the same as --suite sqlite)
+       python bench/run.py --suite pg   (PostgreSQL with the in-process, RabbitMQ and
+                                         Redis transports beside DBOS-on-PostgreSQL,
+                                         procrastinate, Celery and pgbench: pg_suite.py)
        python bench/run.py --table RESULTS_DIR/results.jsonl   (the table again)
 """
 
@@ -288,8 +291,26 @@ def report(sasflow: dict[str, list[dict[str, Any]]], peer: list[dict[str, Any]],
     C.emit(summary)
 
 
+def is_pg_results(jsonl: str) -> bool:
+    with open(jsonl) as f:
+        return any('"entry": "sasflow-' in line or '"entry": "pgbench"' in line for line in f)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--table":
-        load(sys.argv[2])
-    else:
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "--table":
+        if is_pg_results(args[1]):
+            import pg_suite
+
+            pg_suite.report(args[1])
+        else:
+            load(args[1])
+    elif args in ([], ["--suite", "sqlite"]):
         main()
+    elif args == ["--suite", "pg"]:
+        import pg_suite
+
+        pg_suite.main()
+    else:
+        sys.exit("usage: python bench/run.py [--suite sqlite|pg]"
+                 " | python bench/run.py --table RESULTS_DIR/results.jsonl")

@@ -32,16 +32,22 @@ from common import append_line
 from sasflow import AgentRequest, App, Step
 
 WORKFLOW = "wf3"
+AGENT = "bench-step"
 STEP_NAMES = ("step1", "step2", "step3")
 
 
-def make_app(store: str, *, step_timeout: float = 10.0) -> App:
-    """An App with the agent and workflow `wf3`, over the store at `store`."""
-    app = App(store=store)
+def make_app(store: str | None, *, step_timeout: float = 10.0, agent: str = AGENT,
+             transport: str | None = None) -> App:
+    """An App with the agent and workflow `wf3`, over the store at `store`.
+
+    `agent` names the agent (and so its queue on a broker transport: the
+    distributed benchmarks give each measurement a private one); `transport` is
+    the App's transport URL (None: in-process)."""
+    app = App(store=store, transport=transport)
 
     # One agent serves the three steps, as the peers use one step function. Its
     # prefetch is left high so the scheduler's concurrency is the only limit.
-    @app.agent("bench-step", concurrency=4096)
+    @app.agent(agent, concurrency=4096)
     async def run_step(req: AgentRequest) -> dict[str, Any]:
         options = req.input or {}
         number = STEP_NAMES.index(req.step) + 1
@@ -54,7 +60,7 @@ def make_app(store: str, *, step_timeout: float = 10.0) -> App:
         append_line(options.get("effects"), line)
         return {"task": req.task_id, "step": number, "ok": True}
 
-    app.workflow(WORKFLOW, [Step(name, "bench-step", timeout=step_timeout)
+    app.workflow(WORKFLOW, [Step(name, agent, timeout=step_timeout)
                             for name in STEP_NAMES])
     return app
 
