@@ -11,7 +11,8 @@ compensate, or park).
 
 Several supervisors may run; a lease with an expiry and a fencing epoch elects
 the one that sweeps. When the leader dies its lease runs out and another takes
-over.
+over. Each recovery is also fenced with the lease's epoch: a leader that was
+paused and deposed meanwhile writes nothing when it wakes (M3).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Mapping
 
 from sasflow.plan import Plan
 from sasflow.store.base import Store
-from sasflow.transition import Transition
+from sasflow.transition import LeaseFence, Transition
 
 __all__ = ["LEASE_NAME", "Supervisor"]
 
@@ -100,7 +101,11 @@ class Supervisor:
                     log.warning("task %s: workflow %r is not known here", task.task_id,
                                 task.workflow)
                     continue
-                transitions.append(plan.expire(task, self.instance_id, self.store.now()))
+                transition = plan.expire(task, self.instance_id, self.store.now())
+                if self.lease_epoch is not None:  # fenced: a deposed leader writes nothing
+                    transition.lease = LeaseFence(LEASE_NAME, self.instance_id,
+                                                  self.lease_epoch)
+                transitions.append(transition)
             if not transitions:
                 return total
             # applied together: the store group-commits them

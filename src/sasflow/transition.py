@@ -14,7 +14,7 @@ import msgspec
 
 from sasflow.model import Phase, StepState, TaskState
 
-__all__ = ["UNSET", "Transition", "UnitChange"]
+__all__ = ["UNSET", "LeaseFence", "Transition", "UnitChange"]
 
 UNSET: Any = msgspec.UNSET
 
@@ -38,6 +38,14 @@ class UnitChange(msgspec.Struct, kw_only=True):
     in_doubt: bool = False
 
 
+class LeaseFence(msgspec.Struct, frozen=True):
+    """A lease the writer must still hold, with this fencing epoch, for the write to apply."""
+
+    name: str
+    holder: str
+    epoch: int
+
+
 class Transition(msgspec.Struct, kw_only=True):
     """A fenced change to one task, with its units, history, status and alert."""
 
@@ -49,6 +57,7 @@ class Transition(msgspec.Struct, kw_only=True):
     from_state: TaskState
     owner: str | None  # locked_by must equal this (None: must be unlocked)
     expired_before: float | None = None  # and complete_by < this (supervisor)
+    lease: LeaseFence | None = None  # and the supervisors' lease still held (M3)
     # the task's new values
     state: TaskState
     phase: Phase

@@ -18,7 +18,7 @@ from sasflow.model import Phase, StepState, Task, TaskState, idempotency_key
 from sasflow.plan import Plan
 from sasflow.store import Store
 from sasflow.store.base import NewTask
-from sasflow.transition import Transition
+from sasflow.transition import LeaseFence, Transition
 from sasflow.workflow import Step, Workflow
 
 T, S = TaskState, StepState
@@ -449,6 +449,27 @@ async def test_an_expired_lease_is_taken_over_with_a_higher_epoch(store: Store,
     clock.advance(3.5)
     third = await store.acquire_lease("supervisor", "sup-1", 3.0)
     assert third is not None and third > second
+
+
+async def test_a_deposed_supervisors_recovery_is_refused(store: Store, clock: Clock) -> None:
+    """M3: a recovery fenced with a lease epoch that is no longer current writes nothing;
+    the new holder's, with its own epoch, applies."""
+    await submitted(store, "order-1")
+    await claim_one(store, "s1")
+    old = await store.acquire_lease("supervisor", "sup-1", 3.0)
+    assert old is not None
+    clock.advance(6)  # the step expired, and sup-1's lease too
+    new = await store.acquire_lease("supervisor", "sup-2", 3.0)
+    assert new is not None and new > old
+    [expired] = await store.expired(10)
+    stale = PLANS["order"].expire(expired, "sup-1", clock.now)
+    stale.lease = LeaseFence("supervisor", "sup-1", old)
+    assert not await store.apply(stale)
+    assert (await fresh(store, "order-1")).state is T.PROCESSING  # untouched
+    current = PLANS["order"].expire(expired, "sup-2", clock.now)
+    current.lease = LeaseFence("supervisor", "sup-2", new)
+    assert await store.apply(current)
+    assert (await fresh(store, "order-1")).failure_count == 1
 
 
 async def test_racing_for_a_lease_elects_one(make_store: StoreFactory, clock: Clock) -> None:

@@ -144,7 +144,8 @@ def rows_of(*columns: str) -> str:
 _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
                "complete_by float8", "available_at float8", "failure_count int", "error text",
                "claim int", "updated_at float8", "task_id text", "epoch bigint",
-               "from_state text", "owner text", "expired_before float8")
+               "from_state text", "owner text", "expired_before float8", "lease text",
+               "lease_holder text", "lease_epoch bigint")
 _NEW_TASK = ("task_id text", "workflow text", "input text", "state text",
              "available_at float8", "reply_to text", "created_at float8", "updated_at float8")
 _NEW_STEP = ("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
@@ -166,7 +167,8 @@ _INSERT_HISTORY = """INSERT INTO history (task_id, step, phase, at, actor, epoch
 #   of every process waits for rows in the same order (no deadlock);
 # - `applied`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
 #   epoch, state and owner as when read, and (supervisor) a complete-by that has
-#   passed; a task not in it is left exactly as it was;
+#   passed and the lease still held with its epoch; a task not in it is left
+#   exactly as it was;
 # - the implied rows are written for the applied transitions only.
 # A batch holds one transition per task, so no step row comes twice (which
 # ON CONFLICT DO UPDATE refuses). Answers the transaction id and the applied ids.
@@ -184,6 +186,8 @@ applied AS (
     WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
       AND t.locked_by IS NOT DISTINCT FROM v.owner
       AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
+      AND (v.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.name = v.lease
+                                      AND l.holder = v.lease_holder AND l.epoch = v.lease_epoch))
     RETURNING t.task_id),
 wrote_steps AS (
     INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,

@@ -153,7 +153,7 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
             for t in transitions:
                 implied.add_transition(t, now)
             await cur.execute(q.APPLY_TRANSITIONS, _json(
-                [set_values(t, now) + fence_values(t)[:5] for t in transitions],
+                [set_values(t, now) + fence_values(t) for t in transitions],
                 implied.steps, implied.history, implied.outbox, implied.alerts))
             applied = await _answer(cur, attempt)
             for t in transitions:

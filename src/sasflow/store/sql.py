@@ -32,13 +32,15 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 # The fence: the task must still have the epoch, state and owner it was read with,
-# and (supervisor) a complete-by that has passed. Zero rows changed = not applied.
+# and (supervisor) a complete-by that has passed and the lease still held with the
+# epoch it swept under. Zero rows changed = not applied.
 APPLY_TRANSITION = """
 UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = ?,
                  available_at = COALESCE(?, available_at), failure_count = ?, error = ?,
                  epoch = epoch + ?, updated_at = ?
 WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ?
   AND (? IS NULL OR complete_by < ?)
+  AND (? IS NULL OR EXISTS (SELECT 1 FROM leases WHERE name = ? AND holder = ? AND epoch = ?))
 """
 
 # The last parameter < 0 means "reset the failure count to 0" (operator retry); it
