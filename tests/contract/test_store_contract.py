@@ -466,6 +466,7 @@ async def test_a_deposed_supervisors_recovery_is_refused(store: Store, clock: Cl
     stale.lease = LeaseFence("supervisor", "sup-1", old)
     assert not await store.apply(stale)
     assert (await fresh(store, "order-1")).state is T.PROCESSING  # untouched
+    [expired] = await store.expired(10)  # read again: the planner moved the snapshot on
     current = PLANS["order"].expire(expired, "sup-2", clock.now)
     current.lease = LeaseFence("supervisor", "sup-2", new)
     assert await store.apply(current)

@@ -12,26 +12,16 @@ from __future__ import annotations
 
 from sasflow.store.sql import TASK_COLUMNS
 
-INSERT_TASK = """
-INSERT INTO tasks (task_id, workflow, input, state, available_at, reply_to, created_at,
-                   updated_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT (task_id) DO NOTHING
-RETURNING 1
-"""
-
 SELECT_TASK_IDENTITY = "SELECT workflow, input FROM tasks WHERE task_id = %s"
 SELECT_TASK_IDENTITIES = "SELECT task_id, workflow, input FROM tasks WHERE task_id = ANY(%s)"
 
-# A writing transaction's id, and later whether it committed: how a writer whose
-# connection died before COMMIT's answer learns what became of its transaction.
-TRANSACTION_ID = "SELECT txid_current()"
-TRANSACTION_STATUS = "SELECT txid_status(%s)"
+# Which of these tasks a write with this token wrote last (tasks.last_write): how a
+# writer whose connection died before the answer came learns whether it committed.
+SELECT_WRITTEN = "SELECT task_id FROM tasks WHERE task_id = ANY(%s) AND last_write = %s"
 
 # Idle schedulers LISTEN here; the payload is when the work becomes claimable.
 # NOTIFY is transactional: it is delivered at commit, and not at all on rollback.
 WORK_CHANNEL = "sasflow_work"
-NOTIFY_WORK = f"SELECT pg_notify('{WORK_CHANNEL}', %s)"
 LISTEN_WORK = f"LISTEN {WORK_CHANNEL}"
 
 DELETE_OUTBOX = "DELETE FROM outbox WHERE id = ANY(%s)"
@@ -48,6 +38,9 @@ STEPS_AS_JSON = """
 """
 
 SELECT_TASK_WITH_STEPS = f"SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks WHERE task_id = %s"
+SELECT_TASKS_WITH_STEPS = f"""
+SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks WHERE task_id = ANY(%s)
+"""
 
 # Served by the partial index tasks_locked: cost grows with what has expired.
 SELECT_EXPIRED = f"""
@@ -145,9 +138,12 @@ _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
                "complete_by float8", "available_at float8", "failure_count int", "error text",
                "claim int", "updated_at float8", "task_id text", "epoch bigint",
                "from_state text", "owner text", "expired_before float8", "lease text",
-               "lease_holder text", "lease_epoch bigint")
+               "lease_holder text", "lease_epoch bigint",
+               "wake float8",  # when the task is claimable again, if this releases it
+               "token bigint")  # the write's, into last_write
 _NEW_TASK = ("task_id text", "workflow text", "input text", "state text",
-             "available_at float8", "reply_to text", "created_at float8", "updated_at float8")
+             "available_at float8", "reply_to text", "created_at float8", "updated_at float8",
+             "last_write bigint")
 _NEW_STEP = ("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
              "idempotency_key text", "updated_at float8")
 _STEP = ("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
@@ -169,9 +165,11 @@ _INSERT_HISTORY = """INSERT INTO history (task_id, step, phase, at, actor, epoch
 #   epoch, state and owner as when read, and (supervisor) a complete-by that has
 #   passed and the lease still held with its epoch; a task not in it is left
 #   exactly as it was;
-# - the implied rows are written for the applied transitions only.
+# - the implied rows are written for the applied transitions only;
+# - idle schedulers are told (NOTIFY) when an applied transition released work.
 # A batch holds one transition per task, so no step row comes twice (which
-# ON CONFLICT DO UPDATE refuses). Answers the transaction id and the applied ids.
+# ON CONFLICT DO UPDATE refuses). One statement is one transaction: it needs no
+# BEGIN or COMMIT. Answers the ids of the tasks it applied to.
 APPLY_TRANSITIONS = f"""
 WITH v AS ({rows_of(*_TRANSITION)}),
 locked AS (SELECT task_id FROM tasks WHERE task_id IN (SELECT task_id FROM v)
@@ -181,7 +179,7 @@ applied AS (
            locked_by = v.locked_by, complete_by = v.complete_by,
            available_at = COALESCE(v.available_at, t.available_at),
            failure_count = v.failure_count, error = v.error, epoch = t.epoch + v.claim,
-           updated_at = v.updated_at
+           updated_at = v.updated_at, last_write = v.token
     FROM v JOIN locked USING (task_id)
     WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
       AND t.locked_by IS NOT DISTINCT FROM v.owner
@@ -212,19 +210,24 @@ wrote_outbox AS (
 wrote_alerts AS (
     INSERT INTO alerts (task_id, step, agent, at, message)
     SELECT * FROM ({rows_of(*_ALERT)}) a WHERE a.task_id IN (SELECT task_id FROM applied))
-SELECT txid_current(), array_agg(task_id) FROM applied
+SELECT array_agg(a.task_id),
+       (SELECT pg_notify('{WORK_CHANNEL}', min(v.wake)::text)::text
+        FROM v WHERE v.wake IS NOT NULL AND v.task_id IN (SELECT task_id FROM applied)
+        HAVING count(*) > 0)
+FROM applied a
 """
 
 # A batch of submissions in one statement (parameters: the tasks, their steps,
 # history and outbox rows); the rows of a task that existed already are not
-# written. Answers the transaction id and the ids of the tasks created.
+# written; idle schedulers are told if any was created. Answers the ids of the
+# tasks created.
 INSERT_TASKS = f"""
 WITH created AS (
     INSERT INTO tasks (task_id, workflow, input, state, available_at, reply_to, created_at,
-                       updated_at)
+                       updated_at, last_write)
     {rows_of(*_NEW_TASK)}
     ON CONFLICT (task_id) DO NOTHING
-    RETURNING task_id),
+    RETURNING task_id, available_at),
 wrote_steps AS (
     INSERT INTO steps (task_id, phase, idx, name, agent, state, idempotency_key, updated_at)
     SELECT * FROM ({rows_of(*_NEW_STEP)}) s WHERE s.task_id IN (SELECT task_id FROM created)),
@@ -235,7 +238,10 @@ wrote_outbox AS (
     INSERT INTO outbox (queue, body, created_at)
     SELECT queue, body, created_at FROM ({rows_of(*_OUTBOX)}) o
     WHERE o.task_id IN (SELECT task_id FROM created))
-SELECT txid_current(), array_agg(task_id) FROM created
+SELECT array_agg(task_id),
+       CASE WHEN count(*) > 0
+            THEN pg_notify('{WORK_CHANNEL}', min(available_at)::text)::text END
+FROM created
 """
 
 # What the rare transitions also need, once it is known that they applied:

@@ -1,21 +1,24 @@
 """Writing to PostgreSQL: many submissions and transitions in one transaction.
 
-`write_batch` applies a batch that the group commit (pg_commit.py) gathered: the
-fenced task UPDATEs and the task INSERTs go first, in one pipelined round trip,
-since their answers say what applied; the rows that follow from what applied
-(units, history, outbox, alerts) go after them in one `executemany` per
-statement; one NOTIFY tells idle schedulers anywhere that work appeared.
+`write_batch` applies a batch that the group commit (pg_commit.py) gathered, as
+one statement (pg_sql.APPLY_TRANSITIONS or INSERT_TASKS) that applies the fences,
+writes the rows implied by what applied and NOTIFYs idle schedulers of work
+released or submitted. One statement is a transaction by itself, so most
+batches cost one round trip; a batch that mixes submissions and transitions, or
+has rare rows to write after (`needs_transaction`), runs in a transaction.
 
-Each batch first asks for its transaction id (`Attempt.xid`). If the connection
-dies before COMMIT's answer arrives, the writer asks the database, once it is
-back, whether that transaction committed (`txid_status`): committed, the
-outcomes it had read are the answer; aborted, nothing of it was written and the
-batch can be written again (its fences are checked again then). So a write is
-neither lost nor applied twice when the database restarts under it.
+Every task row a write touches gets the write's random token (`last_write`). A
+statement's answer and its commit come back together, so if the connection dies
+first the writer cannot tell whether it committed; once the database is back it
+looks for its token (`written`): found, the write committed and only its answer
+was lost; not found, nothing of it was written and it can be written again (its
+fences are checked again then). So a write is neither lost nor applied twice
+when the database restarts under it.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,7 +32,8 @@ from sasflow.store.base import NewTask
 from sasflow.store.rows import fence_values, implied_rows, set_values, status_row
 from sasflow.transition import Transition
 
-__all__ = ["Attempt", "Outcome", "Write", "insert_sync", "transaction_status", "write_batch"]
+__all__ = ["Outcome", "Write", "insert_sync", "needs_transaction", "new_token", "write_batch",
+           "written"]
 
 Write = Transition | NewTask
 Outcome = bool | Exception  # applied / created, or why a submission was refused
@@ -81,22 +85,16 @@ class _Implied:
 
 
 class _After:
-    """What follows from the writes that applied: the rare rows (resets, undo
-    mirrors) and the wake-up of idle schedulers."""
+    """The rare rows that follow from the transitions that applied: failure counts
+    reset by an operator's retry, and the step rows mirroring a compensation."""
 
     def __init__(self) -> None:
         self.resets: list[tuple[str, str, int]] = []
         self.mirrors: list[tuple[Any, ...]] = []
-        self.wake_at: float | None = None  # the earliest claimable time of new work
 
-    def work_at(self, at: float) -> None:
-        self.wake_at = at if self.wake_at is None else min(self.wake_at, at)
-
-    def applied(self, t: Transition, implied: _Implied, now: float) -> None:
+    def applied(self, t: Transition, implied: _Implied) -> None:
         self.resets.extend(implied.resets.get(t.task_id, ()))
         self.mirrors.extend(implied.mirrors.get(t.task_id, ()))
-        if t.locked_by is None and t.state in _CLAIMABLE:  # released: claimable again
-            self.work_at(t.available_at if t.available_at is not None else now)
 
     def statements(self) -> list[tuple[str, tuple[str, ...]]]:
         out: list[tuple[str, tuple[str, ...]]] = []
@@ -104,9 +102,23 @@ class _After:
             out.append((q.RESET_FAILURES, _json(self.resets)))
         if self.mirrors:
             out.append((q.MIRROR_UNDOS, _json(self.mirrors)))
-        if self.wake_at is not None:
-            out.append((q.NOTIFY_WORK, (repr(self.wake_at),)))
         return out
+
+
+def needs_transaction(batch: Sequence[Write]) -> bool:
+    """Whether `batch` takes more than its one statement (which is a transaction by
+    itself): when it mixes submissions and transitions, or has rare rows to write."""
+    kinds = {type(write) for write in batch}
+    return len(kinds) > 1 or any(
+        unit.reset_failures or unit.phase is Phase.UNDO
+        for write in batch if isinstance(write, Transition) for unit in write.units)
+
+
+def _wake(t: Transition, now: float) -> float | None:
+    """When the task becomes claimable, if the transition releases it."""
+    if t.locked_by is None and t.state in _CLAIMABLE:
+        return t.available_at if t.available_at is not None else now
+    return None
 
 
 def _json(*rows: Sequence[tuple[Any, ...]]) -> tuple[str, ...]:
@@ -114,17 +126,14 @@ def _json(*rows: Sequence[tuple[Any, ...]]) -> tuple[str, ...]:
     return tuple(_encode(r).decode() for r in rows)
 
 
-class Attempt:
-    """One try at writing a batch: its transaction id and outcomes, once known."""
-
-    def __init__(self) -> None:
-        self.xid: int | None = None
-        self.outcomes: list[Outcome] | None = None  # set before COMMIT is sent
+def new_token() -> int:
+    """A write's name in the rows it writes (tasks.last_write)."""
+    return secrets.randbits(63)
 
 
-def _task_row(task: NewTask, now: float) -> tuple[Any, ...]:
+def _task_row(task: NewTask, now: float, token: int) -> tuple[Any, ...]:
     return (task.task_id, task.workflow, task.input_json.decode(), TaskState.PENDING.value,
-            now, task.reply_to, now, now)
+            now, task.reply_to, now, now, token)
 
 
 def _identity_outcome(task: NewTask, workflow: str, input_json: str) -> Outcome:
@@ -136,7 +145,7 @@ def _identity_outcome(task: NewTask, workflow: str, input_json: str) -> Outcome:
 
 
 async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write],
-                      attempt: Attempt, now: float) -> list[Outcome]:
+                      token: int, now: float) -> list[Outcome]:
     """Write `batch` in the caller's transaction; what became of each write, in order.
 
     The caller keeps one write per task in a batch; the statement locks the
@@ -153,26 +162,26 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
             for t in transitions:
                 implied.add_transition(t, now)
             await cur.execute(q.APPLY_TRANSITIONS, _json(
-                [set_values(t, now) + fence_values(t) for t in transitions],
+                [set_values(t, now) + fence_values(t) + (_wake(t, now), token)
+                 for t in transitions],
                 implied.steps, implied.history, implied.outbox, implied.alerts))
-            applied = await _answer(cur, attempt)
+            applied = await _answer(cur)
             for t in transitions:
                 if t.task_id in applied:
                     outcomes[index[t.task_id]] = True
-                    after.applied(t, implied, now)
+                    after.applied(t, implied)
         if submissions:
             implied = _Implied()
             for task in submissions:
                 implied.add_submission(task, now)
             await cur.execute(q.INSERT_TASKS, _json(
-                [_task_row(task, now) for task in submissions], implied.steps,
+                [_task_row(task, now, token) for task in submissions], implied.steps,
                 implied.history, implied.outbox))
-            created = await _answer(cur, attempt)
+            created = await _answer(cur)
             existing = [task for task in submissions if task.task_id not in created]
             for task in submissions:
                 if task.task_id in created:
                     outcomes[index[task.task_id]] = True
-                    after.work_at(now)
             if existing:
                 await cur.execute(q.SELECT_TASK_IDENTITIES, ([t.task_id for t in existing],))
                 found = {r[0]: (r[1], r[2]) for r in await cur.fetchall()}
@@ -181,39 +190,38 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
                                                                       *found[task.task_id])
         for statement, params in after.statements():
             await cur.execute(statement, params)
-    attempt.outcomes = outcomes
     return outcomes
 
 
-async def _answer(cur: psycopg.AsyncCursor[Any], attempt: Attempt) -> set[str]:
-    """The (transaction id, ids written) a bulk statement answers; notes the id."""
+async def _answer(cur: psycopg.AsyncCursor[Any]) -> set[str]:
+    """The ids of the tasks a bulk statement wrote (its first column's array)."""
     row = await cur.fetchone()
     assert row is not None
-    attempt.xid = int(row[0])
-    return set(row[1] or ())
+    return set(row[0] or ())
 
 
-async def transaction_status(conn: psycopg.AsyncConnection[Any], xid: int) -> str | None:
-    """'committed', 'aborted' or 'in progress' (None: too old to know, never here)."""
-    row = await (await conn.execute(q.TRANSACTION_STATUS, (xid,))).fetchone()
-    return None if row is None else row[0]
+async def written(conn: psycopg.AsyncConnection[Any], task_ids: Sequence[str],
+                  token: int) -> set[str]:
+    """Of these tasks, those whose last write was the one with `token`."""
+    cur = await conn.execute(q.SELECT_WRITTEN, (list(task_ids), token))
+    return {row[0] for row in await cur.fetchall()}
 
 
 def insert_sync(conn: psycopg.Connection[Any], task: NewTask, now: float) -> bool:
-    """One submission in the caller's (blocking) transaction; False if it existed."""
+    """One submission, one statement: in the caller's transaction, or (autocommit)
+    a transaction by itself. False if the task existed."""
     implied = _Implied()
     implied.add_submission(task, now)
     with conn.cursor() as cur:
-        cur.execute(q.INSERT_TASKS, _json([_task_row(task, now)], implied.steps,
+        cur.execute(q.INSERT_TASKS, _json([_task_row(task, now, new_token())], implied.steps,
                                           implied.history, implied.outbox))
         row = cur.fetchone()
         assert row is not None
-        if not row[1]:
+        if not row[0]:
             found = cur.execute(q.SELECT_TASK_IDENTITY, (task.task_id,)).fetchone()
             assert found is not None  # ON CONFLICT: it is there
             outcome = _identity_outcome(task, found[0], found[1])
             if isinstance(outcome, TaskConflictError):
                 raise outcome
             return False
-        cur.execute(q.NOTIFY_WORK, (repr(now),))
     return True

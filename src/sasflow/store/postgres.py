@@ -59,12 +59,13 @@ from sasflow.store import pg_sql as q
 from sasflow.store.base import Alert, HistoryEntry, NewTask, OutboxMessage
 from sasflow.store.pg_commit import GroupCommit
 from sasflow.store.pg_write import (
-    Attempt,
     Outcome,
     Write,
     insert_sync,
-    transaction_status,
+    needs_transaction,
+    new_token,
     write_batch,
+    written,
 )
 from sasflow.store.rows import attach_steps, check_legal, task_from_row
 from sasflow.transition import Transition
@@ -186,16 +187,18 @@ class PostgresStore:
         return pool
 
     async def _run(self, job: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]], *,
-                   read_only: bool = False, lost: str = "retry",
+                   transaction: bool = True, lost: str = "retry",
                    backoff: _Backoff | None = None) -> _T:
-        """Run `job` in one transaction (in the home loop), retrying what may be retried.
+        """Run `job` (in the home loop), retrying what may be retried.
 
-        Again after a conflict (40001, 40P01). After a lost connection, with
-        `lost="retry"` (reads and writes that are safe to repeat) again once the
-        database is back, for up to `reconnect_for` seconds; with `lost="raise"`
-        the caller, who knows how to find out what committed, gets `_Lost`. Waiting
-        for a connection counts against the same budget (`backoff`, the caller's
-        if it has one).
+        With `transaction`, in one transaction; without, each statement is a
+        transaction by itself (reads, and writes of one statement: no BEGIN or
+        COMMIT round trips). Again after a conflict (40001, 40P01). After a lost
+        connection, with `lost="retry"` (reads and writes safe to repeat) again
+        once the database is back, for up to `reconnect_for` seconds; with
+        `lost="raise"` the caller, who knows how to find out what committed, gets
+        `_Lost`. Waiting for a connection counts against the same budget
+        (`backoff`, the caller's if it has one).
         """
         pool = await self._open() if not self._opened else self._pool
         assert pool is not None
@@ -206,7 +209,7 @@ class PostgresStore:
                 async with pool.connection(timeout=backoff.patience()) as conn:
                     if self._clock is None and time.time() - self._offset_at > _CLOCK_REFRESH_S:
                         await self._refresh_clock(conn)
-                    if read_only:  # autocommit: no BEGIN/COMMIT round trips
+                    if not transaction:
                         return await job(conn)
                     # pipeline mode: BEGIN goes with the first statement and COMMIT
                     # with the last, instead of a round trip each
@@ -224,40 +227,15 @@ class PostgresStore:
                     raise _Lost(str(error)) from error
                 await backoff.wait(error)
 
-    async def _resolved(self, job: Callable[[psycopg.AsyncConnection[Any], Attempt],
-                                            Awaitable[_T]],
-                        backoff: _Backoff | None = None) -> tuple[bool, _T | None]:
-        """Run a write; (True, its result) if it committed, (False, None) if it did not.
-
-        If the connection dies, the database is asked, once back, whether the
-        transaction committed; `job` must set `attempt.xid` before it returns.
-        """
-        attempt = Attempt()
-        done: list[_T] = []
-
-        async def run(conn: psycopg.AsyncConnection[Any]) -> _T:
-            done.append(await job(conn, attempt))
-            return done[-1]
-
-        try:
-            return True, await self._run(run, lost="raise", backoff=backoff)
-        except _Lost as lost:
-            if backoff is not None:
-                backoff.note(lost)
-            if not done or attempt.xid is None:
-                return False, None  # it died before COMMIT was sent: rolled back
-            log.warning("connection lost at commit (%s); asking what became of it", lost)
-            status = await self._transaction_status(attempt.xid)
-            return (True, done[-1]) if status == "committed" else (False, None)
-
-    async def _transaction_status(self, xid: int) -> str | None:
-        backoff = _Backoff(self.reconnect_for)
-        while True:
-            status = await self._run(lambda conn: transaction_status(conn, xid),
-                                     read_only=True, backoff=backoff)
-            if status != "in progress":  # its server process has not noticed yet
-                return status
-            await backoff.wait(None)
+    async def _written(self, task_ids: Sequence[str], token: int, backoff: _Backoff,
+                       lost: _Lost) -> set[str]:
+        """After a lost answer: which of these tasks the write with `token` wrote."""
+        backoff.note(lost)
+        found = await self._run(lambda conn: written(conn, task_ids, token),
+                                transaction=False, backoff=backoff)
+        if found:
+            log.warning("a write's answer was lost (%s); it had committed", lost)
+        return found
 
     def _ensure_schema(self) -> None:
         """Check (or bring up to date) the schema, on a connection of its own."""
@@ -275,7 +253,8 @@ class PostgresStore:
     def _sync_connection(self) -> psycopg.Connection[Any]:
         if self._sync is None or self._sync.closed or self._sync.broken:
             try:
-                self._sync = psycopg.connect(self.conninfo)
+                # autocommit: a submission is one statement, a transaction by itself
+                self._sync = psycopg.connect(self.conninfo, autocommit=True)
             except psycopg.Error as error:
                 raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
             if not self._schema_ready:
@@ -285,20 +264,38 @@ class PostgresStore:
                 row = self._sync.execute(q.DB_CLOCK).fetchone()
                 assert row is not None
                 self._measure_clock(float(row[0]), sent, time.time())
-                self._sync.commit()
         return self._sync
 
     # ------------------------------------------------------------ writing
     async def _write(self, batch: Sequence[Write]) -> list[Outcome]:
         """One group-commit batch, written exactly once, whatever the connection does."""
         backoff = _Backoff(self.reconnect_for)
-        while True:
-            committed, outcomes = await self._resolved(
-                lambda conn, attempt: write_batch(conn, batch, attempt, self.now()), backoff)
-            if committed:
-                assert outcomes is not None
-                return outcomes
-            await backoff.wait(None)  # not written: write it again
+        outcomes: dict[str, Outcome] = {}
+        pending = list(batch)
+        while pending:
+            token = new_token()
+            try:
+                done = await self._write_once(pending, token, backoff)
+            except _Lost as lost:
+                found = await self._written([w.task_id for w in pending], token, backoff, lost)
+                if found:  # it committed: what applied is what carries its token
+                    for write in pending:
+                        if isinstance(write, Transition) or write.task_id in found:
+                            outcomes[write.task_id] = write.task_id in found
+                    # a submission without it existed already: ask again to learn why
+                    pending = [w for w in pending if w.task_id not in outcomes]
+                if pending:
+                    await backoff.wait(None)  # (not written: write it again)
+                continue
+            outcomes.update(zip((w.task_id for w in pending), done, strict=True))
+            pending = []
+        return [outcomes[write.task_id] for write in batch]
+
+    async def _write_once(self, batch: Sequence[Write], token: int, backoff: _Backoff
+                          ) -> list[Outcome]:
+        return await self._run(lambda conn: write_batch(conn, batch, token, self.now()),
+                               transaction=needs_transaction(batch), lost="raise",
+                               backoff=backoff)
 
     async def _group_commit(self, write: Write) -> bool:
         async def enqueue() -> bool:
@@ -312,7 +309,7 @@ class PostgresStore:
     # ------------------------------------------------------------ submission
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
         if isinstance(connection, psycopg.AsyncConnection):
-            [outcome] = await write_batch(connection, [task], Attempt(), self.now())
+            [outcome] = await write_batch(connection, [task], new_token(), self.now())
             if isinstance(outcome, Exception):
                 raise outcome
             return outcome
@@ -331,9 +328,8 @@ class PostgresStore:
             deadline = time.monotonic() + self.reconnect_for
             while True:
                 try:
-                    conn = self._sync_connection()
-                    with conn.transaction():
-                        return insert_sync(conn, task, self.now())
+                    # one statement, autocommit: a transaction by itself
+                    return insert_sync(self._sync_connection(), task, self.now())
                 except _RETRIED as error:
                     conflicts += 1
                     if conflicts == _CONFLICT_ATTEMPTS:
@@ -361,26 +357,39 @@ class PostgresStore:
         if not names or limit <= 0:
             return []
 
-        async def job(conn: psycopg.AsyncConnection[Any], attempt: Attempt) -> list[Task]:
+        token = new_token()
+        locked: list[str] = []
+
+        async def job(conn: psycopg.AsyncConnection[Any]) -> list[Task]:
             now = self.now()
             rows: list[tuple[Any, ...]] = []
             async with conn.cursor() as cur:
                 for name in names:
                     await cur.execute(q.SELECT_CLAIMABLE, (name, now, limit))
                     rows.extend(await cur.fetchall())
-            if not rows:  # nothing written: no transaction id, no WAL flush at commit
+            if not rows:  # nothing written: no WAL flush at commit
                 return []
             if len(names) > 1:  # the earliest runnable first, whatever their workflow;
                 # the rows left over are unlocked again at commit
                 rows = sorted(rows, key=lambda row: row[8])[:limit]
             tasks = await _tasks_with_steps(conn, rows)
+            locked[:] = [task.task_id for task in tasks]
             transitions = [plans[task.workflow].claim(task, owner, now) for task in tasks]
-            applied = await write_batch(conn, transitions, attempt, now)
+            applied = await write_batch(conn, transitions, token, now)
             return [task for task, ok in zip(tasks, applied, strict=True) if ok is True]
 
         async def claim_here() -> list[Task]:
-            _, tasks = await self._resolved(job)
-            return tasks or []  # not committed: nothing was claimed
+            backoff = _Backoff(self.reconnect_for)
+            try:
+                return await self._run(job, lost="raise", backoff=backoff)
+            except _Lost as lost:
+                # the answer was lost: the claim committed if its token is there
+                found = await self._written(locked, token, backoff, lost) if locked else set()
+                if not found:
+                    return []
+                claimed = await self._run(lambda conn: _select_tasks(conn, found),
+                                          transaction=False, backoff=backoff)
+                return [task for task in claimed if task.locked_by == owner]
 
         return await self._at_home(claim_here)
 
@@ -394,7 +403,7 @@ class PostgresStore:
             cur = await conn.execute(q.SELECT_EXPIRED, (self.now(), limit))
             return _tasks_and_their_steps(await cur.fetchall())
 
-        return await self._at_home(lambda: self._run(job, read_only=True))
+        return await self._at_home(lambda: self._run(job, transaction=False))
 
     async def next_expiry(self) -> float | None:
         row = await self._fetchone(q.NEXT_EXPIRY, ())
@@ -439,7 +448,7 @@ class PostgresStore:
             cur = await conn.execute(q.SELECT_TASK_WITH_STEPS, (task_id,))
             return _tasks_and_their_steps(await cur.fetchall())
 
-        found = await self._at_home(lambda: self._run(job, read_only=True))
+        found = await self._at_home(lambda: self._run(job, transaction=False))
         return found[0] if found else None
 
     async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
@@ -463,7 +472,7 @@ class PostgresStore:
         async def job(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             return await (await conn.execute(statement, params)).fetchall()
 
-        return await self._at_home(lambda: self._run(job, read_only=True))
+        return await self._at_home(lambda: self._run(job, transaction=False))
 
     async def _fetchone(self, statement: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         rows = await self._fetchall(statement, params)
@@ -536,6 +545,12 @@ class _Backoff:
 
 
 # ---------------------------------------------------------------- reading
+async def _select_tasks(conn: psycopg.AsyncConnection[Any], task_ids: Collection[str]
+                        ) -> list[Task]:
+    cur = await conn.execute(q.SELECT_TASKS_WITH_STEPS, (list(task_ids),))
+    return _tasks_and_their_steps(await cur.fetchall())
+
+
 def _tasks_and_their_steps(rows: Iterable[tuple[Any, ...]]) -> list[Task]:
     """Tasks from rows of TASK_COLUMNS followed by their steps as JSON (STEPS_AS_JSON)."""
     tasks: dict[str, Task] = {}
