@@ -111,6 +111,9 @@ class Scheduler:
                     await asyncio.sleep(_IDLE_POLL_MAX)
                     continue
                 for task in claimed:
+                    # held from now on, not from when its driver first runs: a
+                    # shutdown in between still hands it back
+                    self._held[task.task_id] = task
                     driver = asyncio.create_task(self._drive(task))
                     self._drivers.add(driver)
                     driver.add_done_callback(self._driver_done)
@@ -140,7 +143,6 @@ class Scheduler:
         """Run the task's units one after another while this instance holds it."""
         plan = self.plans[task.workflow]
         loop = asyncio.get_running_loop()
-        self._held[task.task_id] = task
         try:
             await self._run_units(task, plan, loop)
         finally:
