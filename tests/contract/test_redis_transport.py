@@ -2,7 +2,8 @@
 
 Redelivery of what a dead consumer left unacked (XAUTOCLAIM after the visibility
 timeout), a slow live consumer keeping its message, reconnecting after Redis
-drops the connections, and no streams left behind. Keys live in database 15
+drops the connections, no streams left behind, and thousands of concurrent
+publishes sharing pipelines (also when their connection is killed). Keys live in database 15
 under a prefix private to each test, deleted afterwards.
 """
 
@@ -17,9 +18,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from sasflow.errors import MissingExtraError
+from sasflow.errors import MissingExtraError, TransportError
 from sasflow.transport import open_transport
-from sasflow.transport.redis import GROUP, RedisTransport
+from sasflow.transport.redis import GROUP, MAX_CONNECTIONS, RedisTransport
 
 SERVER = "redis://127.0.0.1:6379/15"
 VISIBILITY = 0.3  # seconds: short, so a dead consumer's message comes back quickly
@@ -230,6 +231,79 @@ async def test_a_stream_with_messages_is_kept_when_its_consumer_stops(
     await consumers.stop_all()
     await transport.publish("requests", b"waiting")
     assert await admin.xlen(key) == 1
+
+
+async def connections_of(admin: aioredis.Redis, transport: RedisTransport) -> int:
+    name = transport._redis.connection_pool.connection_kwargs["client_name"]
+    return sum(1 for client in await admin.client_list() if client.get("name") == name)
+
+
+async def test_thousands_of_concurrent_redis_publishes_share_a_few_connections(
+        make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:
+    """2,000 publishes at once all succeed (no pool exhaustion) and are consumed exactly
+    once, while a consumer with a large prefetch acks concurrently on the same transport;
+    the commands travel in shared pipelines over a bounded number of connections."""
+    transport = make(visibility_timeout=30.0)
+    key = transport.prefix + "requests"
+    got = Collector()
+    consumers.start(transport, "requests", got, prefetch=512)
+    sent = [f"m{n}".encode() for n in range(2000)]
+    async with asyncio.timeout(30.0), asyncio.TaskGroup() as publishing:
+        for body in sent:  # a failure stops the others (a TaskGroup), leaving nothing behind
+            publishing.create_task(transport.publish("requests", body))
+    assert sorted(await got.until(len(sent), seconds=30.0)) == sorted(sent)
+    await asyncio.sleep(0.2)  # a duplicate would show up by now
+    assert len(got.bodies) == len(sent)
+    async with asyncio.timeout(10.0):  # the last acks are flushed promptly
+        while (await admin.xpending(key, GROUP))["pending"] or await admin.xlen(key):
+            await asyncio.sleep(0.05)
+    stats = transport._batch.stats
+    assert stats.lost_flushes == 0
+    assert stats.flushes < len(sent) // 4  # publishes and acks went many at a time
+    assert await connections_of(admin, transport) <= MAX_CONNECTIONS + 1  # + the reader
+
+
+async def test_redis_publishes_in_a_killed_pipeline_are_retried_or_fail_never_lost(
+        make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:
+    """CLIENT KILL while concurrent publishes wait in a pipeline: each one either returns
+    (after retrying) and is then delivered, or raises TransportError; none is lost."""
+    publisher, receiver = make(visibility_timeout=30.0), make(visibility_timeout=30.0)
+    got = Collector()
+    consumers.start(receiver, "requests", got, prefetch=256)
+    returned: list[bytes] = []
+    failed = 0
+
+    async def publish(body: bytes) -> None:
+        nonlocal failed
+        try:
+            await publisher.publish("requests", body)
+        except TransportError:
+            failed += 1
+        else:
+            returned.append(body)
+
+    rounds = 0
+    async with asyncio.timeout(60.0):
+        # until a pipeline was caught by the kill with replies still unread
+        while publisher._batch.stats.lost_flushes == 0 and rounds < 10:
+            rounds += 1
+            batch = asyncio.gather(*(publish(f"r{rounds}.{n}".encode())
+                                     for n in range(1000)))
+            while not batch.done():
+                await kill_connections(admin, publisher)
+                await asyncio.sleep(0.003)
+            await batch  # anything but TransportError fails the test here
+    assert publisher._batch.stats.lost_flushes >= 1
+    assert returned  # retrying made most of them go through
+    assert len(returned) + failed == 1000 * rounds
+    wanted = set(returned)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(20.0):
+            while not wanted <= set(got.bodies):
+                got.changed.clear()
+                await got.changed.wait()
+    missing = wanted - set(got.bodies)
+    assert not missing, f"{len(missing)} publishes returned but were never delivered"
 
 
 def test_a_redis_url_without_redis_py_names_the_extra(

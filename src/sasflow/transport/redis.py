@@ -11,8 +11,24 @@ periodically takes over entries idle longer than the visibility timeout with
 ``XAUTOCLAIM``, and keeps its own in-flight entries fresh with ``XCLAIM`` so a
 slow handler is not mistaken for a dead one.
 
+Under load (a scheduler driving hundreds of tasks at once) ``publish`` and the
+acks are called concurrently hundreds of times. Sending each on its own pooled
+connection would take hundreds of connections, and a bounded pool refuses the
+rest ("Too many connections"). They are auto-pipelined instead
+(``redis_batch.AutoPipeline``): commands waiting when a flush starts go to Redis
+together in one pipeline, so one round trip and one connection serve many
+commands, with at most two flushes in flight; acks of the same stream share one
+``XACK``/``XDEL``. A connection lost mid-pipeline fails each waiting caller with a
+lost-connection error, which is retried like any other. The pipelines and all
+other commands share a ``BlockingConnectionPool``: bounded (``max_connections``,
+default 16), it waits for a free connection (up to 10 s, then the connection
+counts as lost) instead of failing at once, so no burst can exhaust it. Each
+blocking ``XREADGROUP`` reader holds a connection of its own, from a separate
+pool, so a reader never waits for, nor starves, the commands.
+
 URL options (query string): ``prefix`` (key prefix, default none),
-``visibility_timeout`` (seconds, default 30), ``maxlen`` (approximate stream cap).
+``visibility_timeout`` (seconds, default 30), ``maxlen`` (approximate stream cap);
+redis-py's own (e.g. ``max_connections``) are passed on to it.
 
 redis-py is used because it is the maintained, official client and has asyncio
 built in (``redis.asyncio``), with connection pools and TLS; no second library.
@@ -41,6 +57,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sasflow.errors import ConfigurationError, TransportError
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
+from sasflow.transport.redis_batch import AutoPipeline
 
 __all__ = ["RedisTransport"]
 
@@ -50,6 +67,8 @@ GROUP = "sasflow"
 FIELD = b"body"
 _LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
+MAX_CONNECTIONS = 16  # per transport; publishes and acks, pipelined, use two of them at most
+POOL_TIMEOUT = 10.0  # seconds waiting for a free pooled connection before it counts as lost
 
 # Put entries back: re-add each one still pending (XACK says so, so an entry
 # another consumer already acked is never duplicated) and drop the original.
@@ -119,10 +138,18 @@ class RedisTransport:
         self.block_seconds = block_seconds
         # No retries inside redis-py: this module retries itself, so that a lost
         # connection is seen and the entries it may have delivered are recovered.
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(
-            redis_url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=5.0,
+        settings: dict[str, Any] = dict(
+            retry=Retry(NoBackoff(), 0), socket_connect_timeout=5.0,
             # bounds every read, so a half-dead connection is noticed and replaced
             socket_timeout=block_seconds + 10.0)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            redis_url, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT, **settings)
+        self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
+        # one connection per consumer, held while it lives: bounded by the consumers
+        self._readers = aioredis.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=2**31,
+            **pool.connection_kwargs)
+        self._batch = AutoPipeline(pool)
         self._requeue = self._redis.register_script(_REQUEUE)
         self._leave = self._redis.register_script(_LEAVE)
         self._instance = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
@@ -151,12 +178,9 @@ class RedisTransport:
                 f" {self.max_message_bytes} bytes")
         key = self._key(queue)
 
-        async def add() -> Any:
-            return await self._redis.xadd(key, {FIELD: body}, maxlen=self.maxlen,
-                                          approximate=True)
-
         try:
-            await self._retrying(add, f"publishing to {queue}")
+            await self._retrying(lambda: self._batch.xadd(key, FIELD, body, self.maxlen),
+                                 f"publishing to {queue}")
         except RedisError as exc:
             raise TransportError(f"cannot publish to {queue}: {exc}") from exc
 
@@ -178,7 +202,7 @@ class RedisTransport:
         running: dict[bytes, asyncio.Task[None]] = {}
         room = asyncio.Event()
         # its own connection: a blocked XREADGROUP must not hold a pooled one
-        reader = self._redis.client()
+        reader = aioredis.Redis(connection_pool=self._readers, single_connection_client=True)
         loop = asyncio.get_running_loop()
 
         async def handle(entry_id: bytes, body: bytes) -> None:
@@ -192,7 +216,7 @@ class RedisTransport:
                 else:
                     await self._retrying(lambda: self._ack(key, entry_id),
                                          f"acking a message of {queue}")
-            except TransportError:
+            except (TransportError, RedisError):
                 # left pending: recovered after the visibility timeout
                 log.warning("could not settle a message of %s", queue, exc_info=True)
             finally:
@@ -288,10 +312,7 @@ class RedisTransport:
             raise
 
     async def _ack(self, key: str, entry_id: bytes) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.xack(key, GROUP, entry_id)
-            pipe.xdel(key, entry_id)
-            await pipe.execute()
+        await self._batch.ack(key, GROUP, entry_id)
 
     async def _heartbeat(self, key: str, consumer: str,
                          running: dict[bytes, asyncio.Task[None]], interval: float) -> None:
@@ -331,7 +352,9 @@ class RedisTransport:
             raise TransportError(f"cannot reach Redis: {error}") from error
 
     async def close(self) -> None:
+        await self._batch.drain()
         await self._redis.aclose()
+        await self._readers.disconnect()
 
 
 def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
