@@ -1,0 +1,217 @@
+"""A scenario's world: ``sasflow worker`` processes over a private PostgreSQL and broker.
+
+A Cluster starts worker processes running scenarioapp.py, each logging to a
+file under the test's tmp dir, and reads the store directly with psycopg (a
+read that fails while PostgreSQL restarts is simply tried again later). Every
+wait is bounded; every process is SIGKILLed at teardown, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+import scenarioapp
+from servers import PrivatePostgres, PrivateRabbit, PrivateRedis
+
+HERE = Path(__file__).resolve().parent
+APP_FILE = HERE / "scenarioapp.py"
+APP_REF = f"{APP_FILE}:app"
+
+T = TypeVar("T")
+
+
+@dataclass
+class Worker:
+    """One ``sasflow worker`` process."""
+
+    name: str  # also its instance id
+    roles: str
+    agents: str | None
+    popen: subprocess.Popen[bytes]
+    log: Path
+    killed: bool = False  # by the scenario, on purpose
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        self.killed = True
+        if self.alive:
+            os.kill(self.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except FileNotFoundError:
+            text = []
+        state = "running" if self.alive else f"exited {self.popen.returncode}"
+        if self.killed:
+            state += ", SIGKILLed by the scenario"
+        return (f"--- {self.name} (roles {self.roles}"
+                f"{', agents ' + self.agents if self.agents else ''}; pid {self.pid}, {state};"
+                f" log {self.log}) ---\n" + "\n".join(text))
+
+
+@dataclass
+class Postgres:
+    server: PrivatePostgres
+    url: str  # this test's database
+
+
+@dataclass
+class Broker:
+    kind: str  # rabbitmq | redis | redis-volatile
+    server: PrivateRabbit | PrivateRedis
+    transport_url: str
+
+    def restart(self) -> float:
+        """Crash the broker (SIGKILL) and start it again on the same data; the downtime."""
+        if isinstance(self.server, PrivateRabbit):
+            return self.server.restart(crash=True)
+        return self.server.restart()
+
+    @property
+    def keeps_data(self) -> bool:
+        return isinstance(self.server, PrivateRabbit) or self.server.persistent
+
+
+class StoreReader:
+    """Read-only queries on the store's database; None while it cannot be reached."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]] | None:
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=2)
+            return self._conn.execute(sql, params).fetchall()
+        except psycopg.OperationalError:
+            self.close()
+            return None
+
+    def must(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Rows, retrying for up to 20 s (the store may be restarting)."""
+        deadline = time.monotonic() + 20
+        while True:
+            found = self.rows(sql, params)
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the store at {self.url} stayed unreachable for 20s")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None
+
+
+class Cluster:
+    def __init__(self, root: Path, store_url: str, transport_url: str, remote_url: str) -> None:
+        self.root = root
+        self.store_url = store_url
+        self.transport_url = transport_url
+        self.remote_url = remote_url
+        self.workers: list[Worker] = []
+        self.db = StoreReader(store_url)
+
+    # ------------------------------------------------------------ processes
+    def spawn(self, name: str, roles: str, agents: Iterable[str] = (), *,
+              concurrency: int = 32, interval: float = 0.25) -> Worker:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SASFLOW_")}
+        env.update({scenarioapp.REMOTE_ENV: self.remote_url,
+                    scenarioapp.PARENT_ENV: str(os.getpid()),
+                    "PYTHONUNBUFFERED": "1"})
+        agent_list = ",".join(agents) or None
+        command = [sys.executable, str(APP_FILE), "worker", APP_REF, "--roles", roles,
+                   "--store", self.store_url, "--transport", self.transport_url,
+                   "--instance-id", name, "--concurrency", str(concurrency),
+                   "--supervisor-interval", str(interval), "--log-level", "info"]
+        if agent_list:
+            command += ["--agents", agent_list]
+        log = self.root / f"{name}.log"
+        with log.open("wb") as out:
+            out.write((" ".join(command) + "\n").encode())
+            out.flush()
+            popen = subprocess.Popen(command, env=env, cwd=HERE, stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=subprocess.STDOUT)
+        worker = Worker(name, roles, agent_list, popen, log)
+        self.workers.append(worker)
+        return worker
+
+    def worker(self, name: str) -> Worker:
+        return next(w for w in self.workers if w.name == name)
+
+    def died_on_their_own(self) -> list[Worker]:
+        return [w for w in self.workers if not w.killed and not w.alive]
+
+    def close(self) -> None:
+        try:
+            for worker in self.workers:
+                if worker.alive:
+                    os.kill(worker.pid, signal.SIGKILL)
+            for worker in self.workers:
+                worker.popen.wait(timeout=10)
+        finally:
+            self.db.close()
+
+    # ------------------------------------------------------------ observation
+    def states(self) -> Counter[str] | None:
+        rows = self.db.rows("SELECT state, COUNT(*) FROM tasks GROUP BY state")
+        return None if rows is None else Counter({r[0]: int(r[1]) for r in rows})
+
+    def locked_by(self) -> Counter[str]:
+        rows = self.db.rows("SELECT locked_by, COUNT(*) FROM tasks"
+                            " WHERE locked_by IS NOT NULL GROUP BY locked_by") or []
+        return Counter({r[0]: int(r[1]) for r in rows})
+
+    def leader(self) -> str | None:
+        rows = self.db.rows("SELECT holder FROM leases WHERE name = 'supervisor'"
+                            " AND expires_at > extract(epoch from clock_timestamp())")
+        return rows[0][0] if rows else None
+
+    def wait_for(self, what: str, condition: Callable[[], T | None], timeout: float,
+                 poll: float = 0.1) -> T:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n"
+                                     f"{self.diagnostics()}")
+            time.sleep(poll)
+
+    def diagnostics(self, lines: int = 60, *, stacks: bool = True) -> str:
+        """The store's counts and every worker's log tail (with live ones' stacks: for a
+        run that hangs)."""
+        if stacks:
+            for worker in self.workers:
+                if worker.alive:
+                    os.kill(worker.pid, signal.SIGUSR1)  # faulthandler: every thread's stack
+            time.sleep(0.3)
+        parts = [f"task states: {self.states()}", f"locked by: {dict(self.locked_by())}",
+                 f"supervisor lease: {self.leader()}"]
+        parts += [w.tail(lines) for w in self.workers]
+        return "\n".join(parts)

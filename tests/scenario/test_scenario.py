@@ -1,0 +1,390 @@
+"""Scenario: every kind of process SIGKILLed and both servers restarted mid-run (SPEC M1-M4).
+
+Real ``sasflow worker`` processes over a private PostgreSQL store and a private
+broker, calling the flaky remote service over HTTP: three schedulers, two
+processes per agent, two supervisors. Orders keep arriving (BACKLOG of them
+unfinished at any time) while, three seconds apart at the least, one scheduler
+(the busiest), one agent process and one supervisor (the leader) are
+SIGKILLed, the broker is crashed (SIGKILL) and started again, then PostgreSQL is
+stopped and started again: crashed (``pg_ctl stop -m immediate``) with RabbitMQ
+and volatile Redis, shut down cleanly (``-m fast``) with Redis. Once every task
+is terminal:
+
+* no task is lost, none is left unfinished;
+* no unit of work was committed twice (by two owners, or twice by one);
+* the remote applied each effect once: no effect twice for one order, and
+  every effect it applied is the recorded result of exactly one unit of the
+  store, under that unit's idempotency key;
+* every compensated task had each completed step undone exactly once, in
+  reverse order; a declined order was undone, a processed one never was.
+
+The broker is RabbitMQ, Redis with an fsynced append-only file (a restart loses
+nothing acknowledged), or Redis without persistence (a restart loses every
+queued request and reply: only the supervisors' step expiry recovers them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from harness import Broker, Cluster, Postgres
+from scenarioapp import STEPS, UNDO, WORKFLOW, build_app, order_input
+
+from sasflow import App
+from sasflow.errors import StoreError
+from sasflow.examples.orders.remote import RemoteService
+from sasflow.model import TERMINAL_TASK_STATES, TaskState
+
+pytestmark = pytest.mark.chaos
+
+BACKLOG = 150  # tasks kept submitted and unfinished while the cluster is hit
+MAX_TASKS = 2000  # submissions stop here whatever happens
+GAP = 3.0  # seconds between two events at the least: each hits a cluster still recovering
+DRAIN_AFTER = 4.0  # seconds of submissions after the last event
+DEADLINE = 150.0  # for every task to be terminal, from the first submission
+SETTLE = 3.0  # after the last task is terminal: a late duplicate would show by then
+# how PostgreSQL goes down: a crash (no shutdown checkpoint, in-flight commits in
+# doubt, WAL replayed at start) or a clean fast shutdown (sessions terminated)
+PG_CRASH = {"rabbitmq": True, "redis": False, "redis-volatile": True}
+TERMINAL = {s.value for s in TERMINAL_TASK_STATES}
+AGENTS = ("inventory", "payments", "shipping")
+# the application order of one order's effects: forward, then undone in reverse
+EFFECT_ORDER = [*STEPS, *(UNDO[s] for s in reversed(STEPS) if s in UNDO)]
+
+
+@dataclass
+class Event:
+    """Something done to the cluster `at` s after the first task finished, GAP s after the
+    event before it at the least."""
+
+    at: float
+    what: str
+    action: Callable[[], str]
+    done_at: float | None = None  # seconds into the run, once done
+    wall: float = 0.0  # time.time() when it began
+    terminal: int = 0  # tasks terminal then
+    open: int = 0  # tasks submitted and not terminal then
+    locked: int = 0  # tasks held by a scheduler then
+    note: str = ""
+
+
+@dataclass
+class Outcome:
+    states: dict[str, str] = field(default_factory=dict)
+    expiries: list[float] = field(default_factory=list)  # supervisors' recoveries: when
+    redispatched: int = 0  # units dispatched more than once
+    problems: list[str] = field(default_factory=list)
+
+
+@pytest.mark.timeout(280)
+def test_scenario_postgres_survives_kills_and_server_restarts(
+        postgres: Postgres, broker: Broker, remote: RemoteService, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    submitter = build_app()
+    submitter.configure(store=postgres.url)
+    cluster = Cluster(logs, postgres.url, broker.transport_url, remote.url)
+    try:
+        run(cluster, submitter, postgres, broker, remote)
+    finally:
+        cluster.close()
+        submitter.close()
+
+
+def submit(app: App, n: int) -> None:
+    """Submit order n; on a store error (PostgreSQL restarting), again: same id, no-op."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            app.submit(WORKFLOW, order_input(n), task_id=f"order-{n}")
+            return
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def run(cluster: Cluster, submitter: App, postgres: Postgres, broker: Broker,
+        remote: RemoteService) -> None:
+    started = time.monotonic()
+    submitted = 0
+    while submitted < BACKLOG:  # the first also creates the schema, before any worker
+        submitted += 1
+        submit(submitter, submitted)
+    for n in (1, 2, 3):
+        cluster.spawn(f"scheduler-{n}", "scheduler")
+    for agent in AGENTS:
+        for n in (1, 2):
+            cluster.spawn(f"{agent}-{n}", "agent", [agent])
+    for n in (1, 2):
+        cluster.spawn(f"supervisor-{n}", "supervisor")
+
+    def kill_busiest_scheduler() -> str:
+        live = [w for w in cluster.workers if w.roles == "scheduler" and w.alive]
+        held = cluster.locked_by()
+        victim = max(live, key=lambda w: held[w.name])
+        victim.kill()
+        return f"{victim.name} (pid {victim.pid}) held {held[victim.name]} tasks"
+
+    def kill_agent() -> str:
+        victim = cluster.worker("payments-1")
+        victim.kill()
+        return f"{victim.name} (pid {victim.pid})"
+
+    def kill_leader() -> str:
+        leader = cluster.wait_for("a supervisor to hold the lease", cluster.leader, timeout=10)
+        victim = cluster.worker(leader)
+        victim.kill()
+        return f"the leader, {victim.name} (pid {victim.pid})"
+
+    def restart_broker() -> str:
+        data = "its queues kept" if broker.keeps_data else "its queues lost"
+        return f"down for {broker.restart():.1f}s (SIGKILL, then started again, {data})"
+
+    crash = PG_CRASH[broker.kind]
+
+    def restart_postgres() -> str:
+        how = "pg_ctl stop -m immediate: a crash" if crash else "pg_ctl stop -m fast"
+        return f"down for {postgres.server.restart(crash=crash):.1f}s ({how}, then started again)"
+
+    # seconds after the first task finished (every role is up by then); apart, so that
+    # each hits a run still recovering from the one before
+    events = [Event(2.0, "SIGKILL a scheduler", kill_busiest_scheduler),
+              Event(5.0, "SIGKILL an agent process", kill_agent),
+              Event(8.0, "SIGKILL a supervisor", kill_leader),
+              Event(11.0, f"restart {broker.kind}", restart_broker),
+              Event(16.0, "restart postgres", restart_postgres)]
+
+    first_done: float | None = None
+    last: Counter[str] = Counter()
+    while True:
+        counts = cluster.states()
+        if counts is not None:
+            last = counts
+        terminal = sum(last[s] for s in TERMINAL)
+        now = time.monotonic()
+        if first_done is None and terminal:
+            first_done = now
+        # keep BACKLOG tasks unfinished until DRAIN_AFTER s after the last event
+        drained = events[-1].done_at is not None and \
+            now - started > events[-1].done_at + DRAIN_AFTER
+        while not drained and submitted < MAX_TASKS and submitted - terminal < BACKLOG:
+            submitted += 1
+            submit(submitter, submitted)
+        previous = 0.0
+        for event in events:
+            if event.done_at is None:
+                if first_done is not None and now - first_done >= event.at \
+                        and now - started >= previous + GAP:
+                    fire(cluster, event, started)
+                break
+            previous = event.done_at
+        if drained and terminal >= submitted:
+            break
+        if time.monotonic() - started > DEADLINE:
+            stuck = [r[0] for r in cluster.db.must(
+                "SELECT task_id FROM tasks WHERE state <> ALL(%s) ORDER BY task_id LIMIT 4",
+                (sorted(TERMINAL),))]
+            raise AssertionError(
+                f"after {DEADLINE:.0f}s only {terminal} of {submitted} tasks are terminal:"
+                f" {dict(last)}; events: {[(e.what, e.done_at) for e in events]}\n"
+                f"{post_mortem(cluster, Outcome(problems=stuck))}\n{cluster.diagnostics()}")
+        time.sleep(0.05)
+    finished = time.monotonic() - started
+    time.sleep(SETTLE)
+
+    outcome = check(cluster, remote, submitted)
+    for event in events:  # each event hit a run in progress
+        if event.open == 0 or event.locked == 0:
+            outcome.problems.append(f"{event.what} came when no task was in flight")
+    for worker in cluster.died_on_their_own():
+        outcome.problems.append(f"{worker.name} exited on its own with status"
+                                f" {worker.popen.returncode}")
+    summary(broker, outcome, remote, finished, events)
+    if outcome.problems:
+        raise AssertionError("\n".join(["the scenario's invariants do not hold:",
+                                         *outcome.problems[:60], post_mortem(cluster, outcome),
+                                         cluster.diagnostics(40, stacks=False)]))
+
+
+def post_mortem(cluster: Cluster, outcome: Outcome) -> str:
+    """The store's record of the first tasks named in the problems; all of it in a file."""
+    columns = ("id, task_id, step, phase, at, actor, epoch, from_state, to_state, why")
+    everything = cluster.db.must(f"SELECT {columns} FROM history ORDER BY id")
+    path = cluster.root / "history.txt"
+    path.write_text("\n".join(" | ".join(map(str, row)) for row in everything) + "\n")
+    suspects = list(dict.fromkeys(re.findall(r"order-\d+", "\n".join(outcome.problems))))[:4]
+    lines = [f"history of every task: {path}"]
+    for task in suspects:
+        lines.append(f"--- history of {task} ({columns}):")
+        lines += [" | ".join(map(str, row)) for row in everything if row[1] == task]
+        lines.append(f"--- steps of {task}:")
+        lines += [" | ".join(map(str, row)) for row in cluster.db.must(
+            "SELECT phase, idx, name, state, attempts, failure_count, in_doubt, result"
+            " FROM steps WHERE task_id = %s ORDER BY phase, idx", (task,))]
+    return "\n".join(lines)
+
+
+def fire(cluster: Cluster, event: Event, started: float) -> None:
+    """Do it, noting how many tasks were in flight just before."""
+    counts = cluster.states() or Counter()
+    event.terminal = sum(counts[s] for s in TERMINAL)
+    event.open = sum(counts.values()) - event.terminal
+    event.locked = sum(cluster.locked_by().values())
+    event.wall = time.time()
+    event.note = event.action()
+    event.done_at = time.monotonic() - started
+    print(f"{event.done_at:6.1f}s  {event.what}: {event.note}; before it {event.terminal}"
+          f" tasks terminal, {event.open} open, {event.locked} held by schedulers")
+
+
+def check(cluster: Cluster, remote: RemoteService, tasks: int) -> Outcome:
+    """Compare the store's record with what the remote service applied."""
+    outcome = Outcome()
+    problems = outcome.problems
+    db = cluster.db
+    outcome.states = {t: s for t, s in db.must("SELECT task_id, state FROM tasks")}
+    if len(outcome.states) != tasks:
+        problems.append(f"{len(outcome.states)} tasks in the store, {tasks} submitted")
+    open_tasks = {t: s for t, s in outcome.states.items() if s not in TERMINAL}
+    if open_tasks:
+        problems.append(f"not terminal: {sorted(open_tasks.items())[:20]}")
+
+    # ---- the store's history: each unit committed once, by one owner
+    history = db.must("SELECT task_id, step, phase, actor, epoch, from_state, to_state"
+                      " FROM history WHERE step IS NOT NULL ORDER BY id")
+    committed: defaultdict[tuple[str, str, str], list[tuple[str, int]]] = defaultdict(list)
+    for task, step, phase, actor, epoch, _, to_state in history:
+        if (phase, to_state) in (("do", "completed"), ("undo", "compensated")):
+            committed[(task, step, phase)].append((actor, epoch))
+    for unit, owners in committed.items():
+        if len(owners) > 1:
+            problems.append(f"{unit} committed {len(owners)} times, by (actor, epoch) {owners}")
+
+    outcome.expiries = [float(r[0]) for r in db.must(
+        "SELECT at FROM history WHERE step IS NULL AND why LIKE %s", ("%expired%",))]
+    outcome.redispatched = int(db.must("SELECT COUNT(*) FROM steps WHERE attempts > 1")[0][0])
+
+    # ---- the units as they ended
+    units: dict[tuple[str, str, str], tuple[str, bool, Any, str]] = {}
+    for task, phase, name, state, in_doubt, result, key in db.must(
+            "SELECT task_id, phase, name, state, in_doubt, result, idempotency_key FROM steps"):
+        units[(task, name, phase)] = (state, bool(in_doubt),
+                                      None if result is None else json.loads(result), key)
+
+    # ---- every effect the remote applied is the result of exactly one unit, under its key
+    stats = remote.stats()
+    if stats["duplicate_effects"]:
+        problems.append(f"the remote applied {stats['duplicate_effects']} effects twice: {stats}")
+    recorded: defaultdict[str, set[str]] = defaultdict(set)
+    doubtful: Counter[str] = Counter()
+    for (task, step, phase), (state, in_doubt, result, key) in units.items():
+        operation = step if phase == "do" else UNDO.get(step, "")
+        if isinstance(result, dict) and "effect_id" in result:
+            if result["key"] != key or result["operation"] != operation:
+                problems.append(f"{(task, step, phase)}: result {result} is not its own"
+                                f" (key {key}, operation {operation})")
+            if result["effect_id"] in recorded[operation]:
+                problems.append(f"effect {result['effect_id']} recorded by two units")
+            recorded[operation].add(result["effect_id"])
+        elif in_doubt or state not in ("pending", "completed", "compensated"):
+            doubtful[operation] += 1  # it may have applied an effect it could not record
+    for operation, applied in stats["effects_by_operation"].items():
+        ids = {f"{operation}-{i}" for i in range(1, applied + 1)}
+        unknown = recorded[operation] - ids
+        unrecorded = ids - recorded[operation]
+        if unknown or len(unrecorded) > doubtful[operation]:
+            problems.append(f"{operation}: the remote applied {applied}; the store recorded"
+                            f" {sorted(recorded[operation])[:10]}...; unknown to the remote"
+                            f" {sorted(unknown)}, not in the store {sorted(unrecorded)}"
+                            f" (units in doubt: {doubtful[operation]})")
+
+    # ---- per order: forward effects once, each completed step undone once, in reverse
+    no_keepalive = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(base_url=remote.url, timeout=10.0, limits=no_keepalive) as client:
+        for n in range(1, tasks + 1):
+            task = f"order-{n}"
+            applied = client.get("/effects", params={"order_id": n}).json()
+            problems += check_order(task, n, outcome.states.get(task), applied, units,
+                                    committed)
+    return outcome
+
+
+def check_order(task: str, n: int, state: str | None, applied: list[str],
+                units: dict[tuple[str, str, str], tuple[str, bool, Any, str]],
+                committed: dict[tuple[str, str, str], list[tuple[str, int]]]) -> list[str]:
+    problems: list[str] = []
+    where = f"{task} ({state}): remote effects {applied}"
+    twice = [op for op, count in Counter(applied).items() if count > 1]
+    if twice:
+        problems.append(f"{where}: applied twice: {twice}")
+    if applied != sorted(applied, key=EFFECT_ORDER.index):
+        problems.append(f"{where}: not in the order {EFFECT_ORDER}")
+    sure: set[str] = set()
+    maybe: set[str] = set()
+    for step in STEPS:
+        do = units.get((task, step, "do"))
+        if (task, step, "do") in committed:
+            sure.add(step)
+        elif do is not None and (do[1] or do[0] == "failed"):
+            maybe.add(step)  # given up after expiring (in doubt), or failed mid-call
+        if step in UNDO:
+            undo = units.get((task, step, "undo"))
+            if (task, step, "undo") in committed:
+                sure.add(UNDO[step])
+                if step not in sure | maybe:
+                    maybe.add(step)
+            elif undo is not None and undo[0] != "pending":
+                maybe.add(UNDO[step])
+    missing = sure - set(applied)
+    extra = set(applied) - sure - maybe
+    if missing or extra:
+        problems.append(f"{where}: the store committed {sorted(sure)}; the remote lacks"
+                        f" {sorted(missing)} and has {sorted(extra)} besides")
+
+    order = order_input(n)
+    if state == TaskState.COMPENSATED:
+        for step, undo_op in UNDO.items():
+            if step in applied and undo_op not in applied:
+                problems.append(f"{where}: {step} was applied and never undone")
+            if (task, step, "do") in committed and (task, step, "undo") not in committed:
+                problems.append(f"{where}: {step} completed, its compensation never did")
+    elif state == TaskState.PROCESSED:
+        if applied != list(STEPS):
+            problems.append(f"{where}: processed, expected {list(STEPS)}")
+        if order["card"] == "declined" or order["refuse_ship"]:
+            problems.append(f"{where}: processed although it must fail")
+    if order["card"] == "declined" and (state, applied) != ("compensated", ["reserve", "release"]):
+        problems.append(f"{where}: a declined card must end compensated by a release")
+    if order["refuse_ship"] and (state, applied) != (
+            "compensated", ["reserve", "charge", "refund", "release"]):
+        problems.append(f"{where}: a refused shipment must end refunded and released")
+    return problems
+
+
+def summary(broker: Broker, outcome: Outcome, remote: RemoteService, finished: float,
+            events: list[Event]) -> None:
+    stats = remote.stats()
+    states = Counter(outcome.states.values())
+    print(f"{broker.kind}: {len(outcome.states)} tasks, all terminal {finished:.1f}s after the"
+          f" first submission: {dict(states)}; {outcome.redispatched} units dispatched more"
+          f" than once")
+    # when the supervisors recovered expired units: 0 s is the first event
+    first = events[0].wall
+    buckets = Counter(int((at - first) // 3) * 3 for at in outcome.expiries)
+    timeline = ", ".join(f"{b:+d}s: {buckets[b]}" for b in sorted(buckets))
+    marks = ", ".join(f"{e.what} {e.wall - first:+.1f}s" for e in events)
+    print(f"  expiries recovered: {len(outcome.expiries)} ({timeline}); events: {marks}")
+    print(f"  remote: {stats['requests']} requests, {stats['effects']} effects"
+          f" {stats['effects_by_operation']}, {stats['deduplicated']} deduplicated,"
+          f" {stats['duplicate_effects']} duplicate effects, faults {stats['faults']}")
+    print(f"  problems: {len(outcome.problems)}")
