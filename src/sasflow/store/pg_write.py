@@ -13,7 +13,10 @@ first the writer cannot tell whether it committed; once the database is back it
 looks for its token (`written`): found, the write committed and only its answer
 was lost; not found, nothing of it was written and it can be written again (its
 fences are checked again then). So a write is neither lost nor applied twice
-when the database restarts under it.
+when the database restarts under it. (Asking `txid_status()` about the write's
+transaction id is not enough: after a crash PostgreSQL may hand out again the id
+of a transaction that never committed, and then says "committed" of it; the
+scenario tests caught that.)
 """
 
 from __future__ import annotations
