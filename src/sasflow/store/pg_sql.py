@@ -37,7 +37,6 @@ STEPS_AS_JSON = """
  FROM steps s WHERE s.task_id = tasks.task_id)
 """
 
-SELECT_TASK_WITH_STEPS = f"SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks WHERE task_id = %s"
 SELECT_TASKS_WITH_STEPS = f"""
 SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks WHERE task_id = ANY(%s)
 """

@@ -444,11 +444,8 @@ class PostgresStore:
 
     # ------------------------------------------------------------ reading
     async def get(self, task_id: str) -> Task | None:
-        async def job(conn: psycopg.AsyncConnection[Any]) -> list[Task]:
-            cur = await conn.execute(q.SELECT_TASK_WITH_STEPS, (task_id,))
-            return _tasks_and_their_steps(await cur.fetchall())
-
-        found = await self._at_home(lambda: self._run(job, transaction=False))
+        found = await self._at_home(lambda: self._run(
+            lambda conn: _select_tasks(conn, [task_id]), transaction=False))
         return found[0] if found else None
 
     async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,

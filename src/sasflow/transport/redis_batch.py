@@ -138,7 +138,7 @@ class AutoPipeline:
         replies: list[Any] = []
         failure: BaseException | None = None
         try:
-            connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+            connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             try:
                 await connection.send_packed_command(connection.pack_commands(commands))
                 for _ in commands:
