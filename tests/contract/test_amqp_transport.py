@@ -22,7 +22,7 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 
 from sasflow.errors import MissingExtraError, TransportError
-from sasflow.transport import Transport, open_transport
+from sasflow.transport import Transport, agent_queue, open_transport
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 # queues expire once unused; those a test creates are also deleted at its end
@@ -42,6 +42,16 @@ async def broker() -> AsyncIterator[AbstractRobustConnection]:
 async def queue(broker: AbstractRobustConnection) -> AsyncIterator[str]:
     """A queue name private to this test; the queue is deleted at its end."""
     name = f"amqp-test.{uuid.uuid4().hex[:12]}"
+    yield name
+    channel = await broker.channel()
+    await channel.queue_delete(name)
+    await channel.close()
+
+
+@pytest.fixture
+async def own_queue(broker: AbstractRobustConnection) -> AsyncIterator[str]:
+    """Like `queue`, but one of sasflow's own (an agent's request queue)."""
+    name = agent_queue(f"amqp-test-{uuid.uuid4().hex[:12]}")
     yield name
     channel = await broker.channel()
     await channel.queue_delete(name)
@@ -155,6 +165,25 @@ asyncio.run(main())
 """
 
 
+BUNDLE_CONSUMER = """
+import asyncio, sys
+from sasflow.transport import open_transport
+
+async def main():
+    transport = open_transport(sys.argv[1])
+
+    async def handle(body):
+        if body.decode() == sys.argv[3]:
+            print("stuck", body.decode(), flush=True)
+            await asyncio.sleep(3600)
+        print("done", body.decode(), flush=True)
+
+    await transport.consume(sys.argv[2], handle, prefetch=64)
+
+asyncio.run(main())
+"""
+
+
 async def test_a_killed_consumers_unacked_message_goes_to_another_consumer(
         transports: Callable[..., Transport], queue: str) -> None:
     """A consumer process killed with SIGKILL before acking: another consumer gets the message."""
@@ -180,6 +209,78 @@ async def test_a_killed_consumers_unacked_message_goes_to_another_consumer(
     try:
         await until(lambda: got)
         assert got == [b"unfinished"]
+    finally:
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+
+
+async def test_messages_published_together_to_sasflows_queues_travel_as_bundles(
+        transports: Callable[..., Transport], own_queue: str, queue: str,
+        broker: AbstractRobustConnection) -> None:
+    """200 concurrent publishes to an agent's queue become a few broker messages; to an
+    application's queue, 200 plain ones. Either way the consumer gets all 200, once."""
+    transport = transports()
+    sent = [f"m{n}".encode() for n in range(200)]
+    await asyncio.gather(*(transport.publish(own_queue, body) for body in sent))
+    await asyncio.gather(*(transport.publish(queue, body) for body in sent))
+    assert 2 <= await message_count(broker, own_queue) <= 20
+    assert await message_count(broker, queue) == 200
+    plain = await (await broker.channel()).declare_queue(queue, passive=True)
+    first = await plain.get(timeout=5)
+    assert first.body == b"m0" and first.content_type is None  # any AMQP client reads it
+    await first.nack(requeue=True)
+    for name in (own_queue, queue):
+        got: list[bytes] = []
+
+        async def collect(body: bytes, got: list[bytes] = got) -> None:
+            got.append(body)
+
+        consumer = asyncio.create_task(transport.consume(name, collect, prefetch=50))
+        try:
+            await until(lambda got=got: len(got) >= 200)
+            await asyncio.sleep(0.1)
+            assert sorted(got) == sorted(sent), name
+        finally:
+            consumer.cancel()
+            await asyncio.gather(consumer, return_exceptions=True)
+
+
+async def test_a_killed_consumers_unacked_bundle_goes_whole_to_another_consumer(
+        transports: Callable[..., Transport], own_queue: str) -> None:
+    """SIGKILL while one message of a bundle is still being handled: the bundle was
+    not acked, so its messages come again, those already handled included."""
+    transport = transports()
+    sent = [f"m{n}".encode() for n in range(30)]
+    await asyncio.gather(*(transport.publish(own_queue, body) for body in sent))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", BUNDLE_CONSUMER, URL, own_queue, "m15",
+        stdout=asyncio.subprocess.PIPE)
+    handled: set[bytes] = set()
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(20):
+            while (line := await process.stdout.readline()) != b"stuck m15\n":
+                assert line.startswith(b"done "), line
+                handled.add(line.split()[1])
+        await asyncio.sleep(0.2)  # the rest of its bundles are handled and acked
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+        await process.wait()
+    assert process.stdout is not None
+    handled |= {line.split()[1] for line in (await process.stdout.read()).splitlines()}
+    got: list[bytes] = []
+
+    async def collect(body: bytes) -> None:
+        got.append(body)
+
+    consumer = asyncio.create_task(transport.consume(own_queue, collect, prefetch=64))
+    try:
+        await until(lambda: b"m15" in got)
+        await asyncio.sleep(0.2)
+        assert set(got) & handled, "the stuck message's bundle-mates came again"
+        assert len(got) == len(set(got))
+        assert set(got) | handled == set(sent)
     finally:
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)

@@ -14,7 +14,7 @@ from typing import Protocol
 import pytest
 
 from sasflow.errors import TransportError
-from sasflow.transport import Transport
+from sasflow.transport import Transport, agent_queue
 
 Handler = Callable[[bytes], Awaitable[None]]
 QueueName = Callable[[str], str]
@@ -219,3 +219,51 @@ async def test_has_consumer_follows_consumers(transport: Transport, consumers: C
     assert transport.has_consumer(queue)
     await consumers.stop(task)
     assert not transport.has_consumer(queue)
+
+
+async def test_many_concurrent_publishes_to_an_agent_queue_all_arrive(
+        transport: Transport, consumers: Consumers, queue_name: QueueName) -> None:
+    """Hundreds published at once to sasflow's own queue (a transport may pack them
+    together): each is delivered, and `prefetch` still bounds the handlers running."""
+    queue = agent_queue(queue_name("bundled").replace(".", "-"))
+    sent = [f"m{n}".encode() for n in range(300)]
+    in_flight, peak = 0, 0
+    done = Collector()
+
+    async def slow(body: bytes) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.001)
+        in_flight -= 1
+        await done(body)
+
+    await asyncio.gather(*(transport.publish(queue, body) for body in sent))
+    consumers.start(queue, slow, prefetch=5)
+    assert sorted(await done.until(300)) == sorted(sent)
+    await quiet()
+    assert len(done.bodies) == 300
+    assert 1 <= peak <= 5
+
+
+async def test_a_raising_handler_gets_its_message_again_among_many(
+        transport: Transport, consumers: Consumers, queue_name: QueueName) -> None:
+    """Published together with others to sasflow's own queue, a message whose handler
+    raised comes again; the others are handled once each."""
+    queue = agent_queue(queue_name("bundled").replace(".", "-"))
+    sent = [f"m{n}".encode() for n in range(50)]
+    calls: dict[bytes, int] = {}
+    done = Collector()
+
+    async def flaky(body: bytes) -> None:
+        calls[body] = calls.get(body, 0) + 1
+        if body == b"m7" and calls[body] < 3:
+            raise RuntimeError("handler crashed")
+        await done(body)
+
+    await asyncio.gather(*(transport.publish(queue, body) for body in sent))
+    consumers.start(queue, flaky, prefetch=64)
+    assert sorted(await done.until(50)) == sorted(sent)
+    await quiet()
+    assert calls.pop(b"m7") == 3
+    assert set(calls.values()) == {1}

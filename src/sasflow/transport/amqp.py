@@ -11,10 +11,18 @@ acks, the three things at-least-once delivery here rests on.
   ``publish`` returns only once the broker has taken the message. They are
   ``mandatory``, so a message to a queue that vanished is not dropped silently:
   the queue is declared again and the message resent.
-- Each ``consume`` has its own channel with ``basic.qos(prefetch)``, acks a
-  message after the handler returns, and nacks it with requeue when the handler
-  raises. A consumer that stops, or a process that dies, leaves its unacked
-  messages to the broker, which redelivers them to another consumer.
+- Publishes to sasflow's own queues (requests, replies) that wait together go
+  as one bundle (amqp_bundle.py): one message, one confirm, one delivery, one
+  ack for many, which is what lets a scheduler and its agents exchange
+  thousands of messages a second. An application's status queue gets plain
+  messages, one per status.
+- Each ``consume`` has its own channel with ``basic.qos(prefetch)`` and runs at
+  most ``prefetch`` handlers at once. It acks a message (or a bundle) once every
+  handler returned, and nacks it with requeue when a plain message's handler
+  raises; a bundle is acked after its failed messages were published again on
+  their own, so they come back without their neighbours. A consumer that stops,
+  or a process that dies, leaves its unacked messages (whole bundles) to the
+  broker, which redelivers them to another consumer.
 
 URL: ``amqp://user:password@host:5672/vhost``, with aio-pika's query options
 (``heartbeat``, ``reconnect_interval``: 1 s here unless given) and one of ours,
@@ -28,10 +36,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
+import msgspec
 from aio_pika.abc import (
     AbstractChannel,
     AbstractIncomingMessage,
@@ -41,7 +51,8 @@ from aio_pika.abc import (
 from pamqp.common import FieldTable
 
 from sasflow.errors import ConfigurationError, TransportError
-from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
+from sasflow.transport.amqp_bundle import BUNDLE_TYPE, Bundler, decode_bundle
+from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, carries_bundles
 
 __all__ = ["AmqpTransport"]
 
@@ -72,6 +83,7 @@ class AmqpTransport:
         self._opening = None
         self._declared: set[str] = set()  # queues the publishing channel has declared
         self._consumed: dict[str, int] = {}
+        self._bundler = Bundler(self._send, max_bytes=max_message_bytes)
         self._closed = False
 
     async def _connect(self) -> tuple[AbstractRobustConnection, AbstractChannel]:
@@ -111,7 +123,15 @@ class AmqpTransport:
             raise TransportError(
                 f"message of {len(body)} bytes to {queue} is over the limit of"
                 f" {self.max_message_bytes} bytes")
-        message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        if carries_bundles(queue):
+            await self._bundler.publish(queue, body)
+        else:
+            await self._send(queue, body, False)
+
+    async def _send(self, queue: str, body: bytes, bundle: bool) -> None:
+        """One AMQP message, returning once the broker confirmed it."""
+        message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                   content_type=BUNDLE_TYPE if bundle else None)
         give_up = time.monotonic() + _PUBLISH_PATIENCE
         pause = 0.05
         redeclared = False
@@ -147,6 +167,8 @@ class AmqpTransport:
         # counted from the start, so has_consumer is true as soon as consuming begins
         self._consumed[queue] = self._consumed.get(queue, 0) + 1
         running: set[asyncio.Task[object]] = set()
+        # bundles hold several messages each: `prefetch` bounds the handlers running
+        slots = asyncio.Semaphore(max(1, prefetch))
         channel: AbstractChannel | None = None
         try:
             connection, _ = await self._connect()
@@ -154,19 +176,29 @@ class AmqpTransport:
             await channel.set_qos(prefetch_count=max(1, prefetch))
             declared = await self._declare(channel, queue)
 
+            async def handle(body: bytes) -> bool:
+                async with slots:
+                    try:
+                        await handler(body)
+                    except Exception:
+                        log.warning("handler for %s failed; the message will be redelivered",
+                                    queue, exc_info=True)
+                        return False
+                    return True
+
             async def on_message(message: AbstractIncomingMessage) -> None:
                 task = asyncio.current_task()
                 assert task is not None
                 running.add(task)
                 try:
-                    try:
-                        await handler(message.body)
-                    except Exception:
-                        log.warning("handler for %s failed; the message will be redelivered",
-                                    queue, exc_info=True)
+                    if message.content_type != BUNDLE_TYPE:
+                        handled = await handle(message.body)
+                    else:
+                        handled = await self._handle_bundle(queue, message.body, handle)
+                    if handled:
+                        await message.ack()
+                    else:
                         await message.nack(requeue=True)
-                        return
-                    await message.ack()
                 except _CONNECTION_ERRORS as error:
                     # the channel is gone: the broker redelivers the unacked message
                     log.info("could not settle a message of %s: %r", queue, error)
@@ -194,11 +226,31 @@ class AmqpTransport:
                     async with asyncio.timeout(_STOP_TIMEOUT):
                         await channel.close()
 
+    async def _handle_bundle(self, queue: str, payload: bytes,
+                             handle: Callable[[bytes], Awaitable[bool]]) -> bool:
+        """Handle each message of a bundle; True once all are handled or sent again."""
+        try:
+            bodies = decode_bundle(payload)
+        except msgspec.DecodeError as error:  # redelivering it would not help
+            log.error("dropping a malformed bundle from %s: %s", queue, error)
+            return True
+        handled = await asyncio.gather(*(handle(body) for body in bodies))
+        failed = [body for body, ok in zip(bodies, handled, strict=True) if not ok]
+        if not failed:
+            return True
+        # only the messages whose handler raised come again, not their neighbours
+        try:
+            await asyncio.gather(*(self.publish(queue, body) for body in failed))
+        except TransportError:
+            return False  # the whole bundle comes again
+        return True
+
     def has_consumer(self, queue: str) -> bool:
         return self._consumed.get(queue, 0) > 0
 
     async def close(self) -> None:
         self._closed = True
+        await self._bundler.close()
         opening, self._opening = self._opening, None
         if opening is None:
             return

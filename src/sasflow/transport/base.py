@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Handler", "Transport", "agent_queue", "reply_queue"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Handler", "Transport", "agent_queue", "carries_bundles",
+           "reply_queue"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
@@ -22,12 +23,25 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 Handler = Callable[[bytes], Awaitable[None]]
 
 
+_AGENT_PREFIX = "sasflow.agent."
+_REPLY_PREFIX = "sasflow.reply."
+
+
 def agent_queue(agent: str) -> str:
-    return f"sasflow.agent.{agent}"
+    return f"{_AGENT_PREFIX}{agent}"
 
 
 def reply_queue(instance_id: str) -> str:
-    return f"sasflow.reply.{instance_id}"
+    return f"{_REPLY_PREFIX}{instance_id}"
+
+
+def carries_bundles(queue: str) -> bool:
+    """Whether `queue` is sasflow's own (requests, replies), so that only sasflow reads it.
+
+    A transport may pack such a queue's messages together; any other queue (an
+    application's, for its status messages) gets one plain message per publish.
+    """
+    return queue.startswith((_AGENT_PREFIX, _REPLY_PREFIX))
 
 
 class Transport(Protocol):

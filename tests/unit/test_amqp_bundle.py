@@ -1,0 +1,128 @@
+"""Bundler (transport/amqp_bundle.py): concurrent publishes to a queue travel together.
+
+Driven with a fake `send` that records what would go to the broker, so each rule
+is shown without one: what waits together goes together, within the caps; a lone
+message goes plain; every caller returns only after its own bundle's confirm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sasflow.errors import TransportError
+from sasflow.transport.amqp_bundle import Bundler, decode_bundle, encode_bundle
+
+
+class Broker:
+    """A fake `send`: records (queue, bodies) per AMQP message; confirms when let go."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[bytes]]] = []
+        self.confirm = asyncio.Event()
+        self.confirm.set()
+        self.fail: BaseException | None = None
+
+    async def __call__(self, queue: str, payload: bytes, bundle: bool) -> None:
+        self.sent.append((queue, decode_bundle(payload) if bundle else [payload]))
+        await self.confirm.wait()
+        if self.fail is not None:
+            raise self.fail
+
+
+def test_a_bundle_round_trips() -> None:
+    bodies = [b"", b"a", b"\x00" * 300, "ü".encode()]
+    assert decode_bundle(encode_bundle(bodies)) == bodies
+
+
+async def test_publishes_of_one_loop_turn_go_together_and_a_lone_one_goes_plain() -> None:
+    broker = Broker()
+    bundler = Bundler(broker, max_bytes=1 << 20)
+    await bundler.publish("q", b"alone")
+    await asyncio.gather(*(bundler.publish("q", f"m{n}".encode()) for n in range(100)))
+    assert broker.sent[0] == ("q", [b"alone"])
+    together = [body for _, bodies in broker.sent[1:] for body in bodies]
+    assert together == [f"m{n}".encode() for n in range(100)]  # publishing order kept
+    assert len(broker.sent) <= 3
+
+
+async def test_bundles_keep_within_the_message_and_byte_caps() -> None:
+    broker = Broker()
+    bundler = Bundler(broker, max_bytes=1000, max_messages=10)
+    await asyncio.gather(*(bundler.publish("q", bytes(95)) for _ in range(60)))
+    sizes = [len(bodies) for _, bodies in broker.sent]
+    assert sum(sizes) == 60
+    assert max(sizes) <= 10
+    # ten bodies of 95 bytes with their framing could pass 1000 bytes: 9 a bundle
+    assert all(len(encode_bundle(bodies)) <= 1000 for _, bodies in broker.sent if len(bodies) > 1)
+    assert max(sizes) == 9
+
+
+async def test_a_body_as_big_as_the_limit_goes_alone() -> None:
+    broker = Broker()
+    bundler = Bundler(broker, max_bytes=100)
+    await asyncio.gather(bundler.publish("q", bytes(100)), bundler.publish("q", bytes(100)),
+                         bundler.publish("q", bytes(100)))
+    assert [len(bodies) for _, bodies in broker.sent] == [1, 1, 1]
+
+
+async def test_queues_are_bundled_apart() -> None:
+    broker = Broker()
+    bundler = Bundler(broker, max_bytes=1 << 20)
+    await asyncio.gather(*(bundler.publish(f"q{n % 2}", f"m{n}".encode()) for n in range(20)))
+    for queue, bodies in broker.sent:
+        assert all(int(body[1:]) % 2 == int(queue[1:]) for body in bodies)
+
+
+async def test_publish_waits_for_its_own_bundles_confirm() -> None:
+    broker = Broker()
+    broker.confirm.clear()
+    bundler = Bundler(broker, max_bytes=1 << 20)
+    publishing = [asyncio.create_task(bundler.publish("q", b"x")) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    assert broker.sent and not any(task.done() for task in publishing)
+    broker.confirm.set()
+    await asyncio.gather(*publishing)
+
+
+async def test_a_failed_send_fails_every_publish_in_that_bundle() -> None:
+    broker = Broker()
+    broker.fail = TransportError("broker gone")
+    bundler = Bundler(broker, max_bytes=1 << 20)
+    results = await asyncio.gather(*(bundler.publish("q", b"x") for _ in range(10)),
+                                   return_exceptions=True)
+    assert all(isinstance(r, TransportError) for r in results)
+    broker.fail = None
+    await bundler.publish("q", b"after")  # the queue is usable again
+    assert broker.sent[-1] == ("q", [b"after"])
+
+
+async def test_a_cancelled_publish_still_waiting_is_not_sent() -> None:
+    broker = Broker()
+    broker.confirm.clear()
+    bundler = Bundler(broker, max_bytes=1 << 20)
+    first = []
+    for _ in range(2):  # two bundles being sent: later publishes wait
+        first.append(asyncio.create_task(bundler.publish("q", b"first")))
+        await asyncio.sleep(0.01)
+    assert len(broker.sent) == 2
+    waiting = asyncio.create_task(bundler.publish("q", b"cancelled"))
+    kept = asyncio.create_task(bundler.publish("q", b"kept"))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    broker.confirm.set()
+    await asyncio.gather(*first, kept)
+    assert [bodies for _, bodies in broker.sent][-1] == [b"kept"]
+
+
+async def test_close_fails_the_publishes_still_waiting() -> None:
+    broker = Broker()
+    broker.confirm.clear()
+    bundler = Bundler(broker, max_bytes=1 << 20)
+    publishing = [asyncio.create_task(bundler.publish("q", b"x")) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    await bundler.close()
+    for task in publishing:
+        with pytest.raises((TransportError, asyncio.CancelledError)):
+            await task
