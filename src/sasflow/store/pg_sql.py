@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from sasflow.store.sql import TASK_COLUMNS
 
+# The store's sessions run short statements whose plans are cached (prepared). A
+# cached generic plan can be estimated costly enough to be compiled by the JIT,
+# which takes ~150 ms each time, for a query that runs in a tenth of a millisecond
+# (the supervisor's sweep did, under load): never worth it here.
+SESSION_SETUP = "SET jit = off"
+
 SELECT_TASK_IDENTITY = "SELECT workflow, input FROM tasks WHERE task_id = %s"
 SELECT_TASK_IDENTITIES = "SELECT task_id, workflow, input FROM tasks WHERE task_id = ANY(%s)"
 
@@ -119,7 +125,8 @@ MIGRATIONS_TABLE_EXISTS = "SELECT to_regclass('schema_migrations') IS NOT NULL"
 # size. The rows travel as ONE parameter, a JSON array of row arrays (msgspec
 # encodes it in C, where psycopg would adapt arrays value by value in Python),
 # and `rows_of` turns it back into typed rows. Column order is that of the row
-# tuples of store/rows.py.
+# tuples of store/rows.py. The parameter is read as jsonb, parsed once: as json,
+# each `->>` parses its row's text again, and a batch spent most of its time there.
 
 
 def rows_of(*columns: str) -> str:
@@ -130,7 +137,7 @@ def rows_of(*columns: str) -> str:
         value = f"r.v->>{n}"
         picked.append(f"decode({value}, 'base64') AS {name}" if kind == "bytea"  # msgspec's
                       else f"({value})::{kind} AS {name}")                       # bytes
-    return f"SELECT {', '.join(picked)} FROM json_array_elements(%s::json) AS r(v)"
+    return f"SELECT {', '.join(picked)} FROM jsonb_array_elements(%s::jsonb) AS r(v)"
 
 
 _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
