@@ -180,6 +180,24 @@ async def test_a_serialization_failure_is_retried(make_store: StoreFactory,
 
 
 @on_postgres
+async def test_the_stores_sessions_never_jit_compile(make_store: StoreFactory,
+                                                     clock: Clock) -> None:
+    """JIT is off on every connection of the store: a cached plan estimated costly
+    must not be compiled (~150 ms) for a statement that runs in microseconds."""
+    store = postgres(make_store, clock)
+
+    async def jit(conn: psycopg.AsyncConnection[Any]) -> str:
+        row = await (await conn.execute("SHOW jit")).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    await store.get("opens-the-pool")
+    settings = await asyncio.gather(*(store._run(jit, transaction=False) for _ in range(4)))
+    assert settings == ["off"] * 4
+    assert store._sync_connection().execute("SHOW jit").fetchone() == ("off",)
+
+
+@on_postgres
 async def test_migrations_run_once_when_stores_open_together(make_store: StoreFactory,
                                                              clock: Clock) -> None:
     """Stores opening an empty schema at the same moment apply each migration once."""

@@ -85,6 +85,11 @@ _BACKOFF_MAX_S = 1.0
 _POOL_WAIT_MAX_S = 30.0
 
 
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Every pooled connection's session settings (pg_sql.SESSION_SETUP)."""
+    await conn.execute(q.SESSION_SETUP)
+
+
 class _Lost(Exception):
     """The connection died inside a write: whether it committed is not known yet."""
 
@@ -152,7 +157,7 @@ class PostgresStore:
                 self._home = home = loop
                 self._pool = AsyncConnectionPool(
                     self.conninfo, min_size=1, max_size=self.pool_size, open=False,
-                    kwargs={"autocommit": True})
+                    kwargs={"autocommit": True}, configure=_configure)
                 self._commit = GroupCommit(self._write)
                 self._open_lock = asyncio.Lock()
                 self._opened = False
@@ -255,6 +260,7 @@ class PostgresStore:
             try:
                 # autocommit: a submission is one statement, a transaction by itself
                 self._sync = psycopg.connect(self.conninfo, autocommit=True)
+                self._sync.execute(q.SESSION_SETUP)
             except psycopg.Error as error:
                 raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
             if not self._schema_ready:
