@@ -69,6 +69,21 @@ class Collector:
         return self.bodies
 
 
+class InFlight:
+    """Counts the handlers running at once (`async with`), and the most there were."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    async def __aenter__(self) -> int:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        return self.now
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.now -= 1
+
+
 async def quiet(seconds: float = 0.1) -> None:
     """Give a transport the chance to (wrongly) deliver something."""
     await asyncio.sleep(seconds)
@@ -133,17 +148,14 @@ async def test_prefetch_bounds_messages_in_flight(transport: Transport, consumer
     """At most `prefetch` messages are being handled at once; the rest wait their turn."""
     queue = queue_name("requests")
     release, filled = asyncio.Event(), asyncio.Event()
-    in_flight, peak = 0, 0
+    running = InFlight()
     done = Collector()
 
     async def slow(body: bytes) -> None:
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        if in_flight == 3:
-            filled.set()
-        await release.wait()
-        in_flight -= 1
+        async with running as now:
+            if now == 3:
+                filled.set()
+            await release.wait()
         await done(body)
 
     for n in range(10):
@@ -152,10 +164,10 @@ async def test_prefetch_bounds_messages_in_flight(transport: Transport, consumer
     async with asyncio.timeout(5.0):
         await filled.wait()
     await quiet()
-    assert (in_flight, peak) == (3, 3)
+    assert (running.now, running.peak) == (3, 3)
     release.set()
     assert sorted(await done.until(10)) == sorted(f"m{n}".encode() for n in range(10))
-    assert peak == 3
+    assert running.peak == 3
 
 
 async def test_a_message_over_the_size_limit_is_refused_clearly(
@@ -227,15 +239,12 @@ async def test_many_concurrent_publishes_to_an_agent_queue_all_arrive(
     together): each is delivered, and `prefetch` still bounds the handlers running."""
     queue = agent_queue(queue_name("bundled").replace(".", "-"))
     sent = [f"m{n}".encode() for n in range(300)]
-    in_flight, peak = 0, 0
+    running = InFlight()
     done = Collector()
 
     async def slow(body: bytes) -> None:
-        nonlocal in_flight, peak
-        in_flight += 1
-        peak = max(peak, in_flight)
-        await asyncio.sleep(0.001)
-        in_flight -= 1
+        async with running:
+            await asyncio.sleep(0.001)
         await done(body)
 
     await asyncio.gather(*(transport.publish(queue, body) for body in sent))
@@ -243,7 +252,7 @@ async def test_many_concurrent_publishes_to_an_agent_queue_all_arrive(
     assert sorted(await done.until(300)) == sorted(sent)
     await quiet()
     assert len(done.bodies) == 300
-    assert 1 <= peak <= 5
+    assert 1 <= running.peak <= 5
 
 
 async def test_a_raising_handler_gets_its_message_again_among_many(

@@ -31,6 +31,13 @@ class Broker:
             raise self.fail
 
 
+def held_broker() -> tuple[Broker, Bundler]:
+    """A bundler whose broker confirms nothing until `broker.confirm` is set."""
+    broker = Broker()
+    broker.confirm.clear()
+    return broker, Bundler(broker, max_bytes=1 << 20)
+
+
 def test_a_bundle_round_trips() -> None:
     bodies = [b"", b"a", b"\x00" * 300, "ü".encode()]
     assert decode_bundle(encode_bundle(bodies)) == bodies
@@ -76,9 +83,7 @@ async def test_queues_are_bundled_apart() -> None:
 
 
 async def test_publish_waits_for_its_own_bundles_confirm() -> None:
-    broker = Broker()
-    broker.confirm.clear()
-    bundler = Bundler(broker, max_bytes=1 << 20)
+    broker, bundler = held_broker()
     publishing = [asyncio.create_task(bundler.publish("q", b"x")) for _ in range(5)]
     await asyncio.sleep(0.01)
     assert broker.sent and not any(task.done() for task in publishing)
@@ -99,9 +104,7 @@ async def test_a_failed_send_fails_every_publish_in_that_bundle() -> None:
 
 
 async def test_a_cancelled_publish_still_waiting_is_not_sent() -> None:
-    broker = Broker()
-    broker.confirm.clear()
-    bundler = Bundler(broker, max_bytes=1 << 20)
+    broker, bundler = held_broker()
     first = []
     for _ in range(2):  # two bundles being sent: later publishes wait
         first.append(asyncio.create_task(bundler.publish("q", b"first")))
@@ -117,9 +120,7 @@ async def test_a_cancelled_publish_still_waiting_is_not_sent() -> None:
 
 
 async def test_close_fails_the_publishes_still_waiting() -> None:
-    broker = Broker()
-    broker.confirm.clear()
-    bundler = Bundler(broker, max_bytes=1 << 20)
+    _, bundler = held_broker()
     publishing = [asyncio.create_task(bundler.publish("q", b"x")) for _ in range(5)]
     await asyncio.sleep(0.01)
     await bundler.close()
