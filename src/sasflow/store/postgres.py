@@ -550,7 +550,11 @@ class _Backoff:
 # ---------------------------------------------------------------- reading
 async def _select_tasks(conn: psycopg.AsyncConnection[Any], task_ids: Collection[str]
                         ) -> list[Task]:
-    cur = await conn.execute(q.SELECT_TASKS_WITH_STEPS, (list(task_ids),))
+    if len(task_ids) == 1:
+        [task_id] = task_ids
+        cur = await conn.execute(q.SELECT_TASK_WITH_STEPS, (task_id,))
+    else:
+        cur = await conn.execute(q.SELECT_TASKS_WITH_STEPS, (list(task_ids),))
     return _tasks_and_their_steps(await cur.fetchall())
 
 
