@@ -23,6 +23,7 @@ from aio_pika.abc import AbstractRobustConnection
 
 from sasflow.errors import MissingExtraError, TransportError
 from sasflow.transport import Transport, agent_queue, open_transport
+from sasflow.transport.amqp_bundle import BUNDLE_TYPE
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 # queues expire once unused; those a test creates are also deleted at its end
@@ -284,6 +285,36 @@ async def test_a_killed_consumers_unacked_bundle_goes_whole_to_another_consumer(
     finally:
         consumer.cancel()
         await asyncio.gather(consumer, return_exceptions=True)
+
+
+async def test_a_malformed_bundle_is_dropped_and_consuming_goes_on(
+        transports: Callable[..., Transport], own_queue: str,
+        broker: AbstractRobustConnection) -> None:
+    """A message marked as a bundle that does not decode is logged and acked (handing it
+    out again would not help); the messages after it are handled."""
+    transport = transports()
+    await transport.publish(own_queue, b"declares the queue")
+    channel = await broker.channel()
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"\xc1 not msgpack", content_type=BUNDLE_TYPE,
+                         delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+        routing_key=own_queue)
+    await channel.close()
+    await transport.publish(own_queue, b"after")
+    got: list[bytes] = []
+
+    async def collect(body: bytes) -> None:
+        got.append(body)
+
+    consumer = asyncio.create_task(transport.consume(own_queue, collect, prefetch=4))
+    try:
+        await until(lambda: b"after" in got)
+        await asyncio.sleep(0.1)
+        assert got == [b"declares the queue", b"after"]
+    finally:
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+    assert await message_count(broker, own_queue) == 0
 
 
 async def test_publish_returns_only_once_the_broker_confirmed(
