@@ -137,10 +137,12 @@ class Bundler:
             else:
                 await self._send(queue, encode_bundle([body for body, _ in batch]), True)
         except BaseException as error:
+            failure = error if isinstance(error, Exception) else TransportError(
+                f"the transport closed while a message to {queue} was being sent")
             for _, future in batch:
                 if not future.done():
-                    future.set_exception(error)
-            if not isinstance(error, Exception):  # cancelled: stop draining
+                    future.set_exception(failure)
+            if failure is not error:  # the drain itself was cancelled: stop
                 raise
             return
         for _, future in batch:
