@@ -85,9 +85,14 @@ _BACKOFF_MAX_S = 1.0
 _POOL_WAIT_MAX_S = 30.0
 
 
+def _has_jit(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> bool:
+    return conn.info.server_version >= 110000  # PostgreSQL 10 has no JIT to turn off
+
+
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     """Every pooled connection's session settings (pg_sql.SESSION_SETUP)."""
-    await conn.execute(q.SESSION_SETUP)
+    if _has_jit(conn):
+        await conn.execute(q.SESSION_SETUP)
 
 
 class _Lost(Exception):
@@ -260,7 +265,8 @@ class PostgresStore:
             try:
                 # autocommit: a submission is one statement, a transaction by itself
                 self._sync = psycopg.connect(self.conninfo, autocommit=True)
-                self._sync.execute(q.SESSION_SETUP)
+                if _has_jit(self._sync):
+                    self._sync.execute(q.SESSION_SETUP)
             except psycopg.Error as error:
                 raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
             if not self._schema_ready:
