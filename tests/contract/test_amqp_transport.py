@@ -84,6 +84,23 @@ async def message_count(broker: AbstractRobustConnection, queue: str) -> int:
         await channel.close()
 
 
+@contextlib.asynccontextmanager
+async def consuming(transport: Transport, queue: str, prefetch: int
+                    ) -> AsyncIterator[list[bytes]]:
+    """Consume `queue` into a list for the length of the block."""
+    got: list[bytes] = []
+
+    async def collect(body: bytes) -> None:
+        got.append(body)
+
+    consumer = asyncio.create_task(transport.consume(queue, collect, prefetch=prefetch))
+    try:
+        yield got
+    finally:
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+
+
 async def until(predicate: Callable[[], object], seconds: float = 5.0) -> None:
     async with asyncio.timeout(seconds):
         while not predicate():
@@ -201,18 +218,9 @@ async def test_a_killed_consumers_unacked_message_goes_to_another_consumer(
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGKILL)
         await process.wait()
-    got: list[bytes] = []
-
-    async def collect(body: bytes) -> None:
-        got.append(body)
-
-    consumer = asyncio.create_task(transport.consume(queue, collect, prefetch=1))
-    try:
+    async with consuming(transport, queue, prefetch=1) as got:
         await until(lambda: got)
         assert got == [b"unfinished"]
-    finally:
-        consumer.cancel()
-        await asyncio.gather(consumer, return_exceptions=True)
 
 
 async def test_messages_published_together_to_sasflows_queues_travel_as_bundles(
@@ -231,19 +239,10 @@ async def test_messages_published_together_to_sasflows_queues_travel_as_bundles(
     assert first.body == b"m0" and first.content_type is None  # any AMQP client reads it
     await first.nack(requeue=True)
     for name in (own_queue, queue):
-        got: list[bytes] = []
-
-        async def collect(body: bytes, got: list[bytes] = got) -> None:
-            got.append(body)
-
-        consumer = asyncio.create_task(transport.consume(name, collect, prefetch=50))
-        try:
+        async with consuming(transport, name, prefetch=50) as got:
             await until(lambda got=got: len(got) >= 200)
             await asyncio.sleep(0.1)
             assert sorted(got) == sorted(sent), name
-        finally:
-            consumer.cancel()
-            await asyncio.gather(consumer, return_exceptions=True)
 
 
 async def test_a_killed_consumers_unacked_bundle_goes_whole_to_another_consumer(
@@ -270,21 +269,12 @@ async def test_a_killed_consumers_unacked_bundle_goes_whole_to_another_consumer(
         await process.wait()
     assert process.stdout is not None
     handled |= {line.split()[1] for line in (await process.stdout.read()).splitlines()}
-    got: list[bytes] = []
-
-    async def collect(body: bytes) -> None:
-        got.append(body)
-
-    consumer = asyncio.create_task(transport.consume(own_queue, collect, prefetch=64))
-    try:
+    async with consuming(transport, own_queue, prefetch=64) as got:
         await until(lambda: b"m15" in got)
         await asyncio.sleep(0.2)
         assert set(got) & handled, "the stuck message's bundle-mates came again"
         assert len(got) == len(set(got))
         assert set(got) | handled == set(sent)
-    finally:
-        consumer.cancel()
-        await asyncio.gather(consumer, return_exceptions=True)
 
 
 async def test_a_malformed_bundle_is_dropped_and_consuming_goes_on(
@@ -301,19 +291,10 @@ async def test_a_malformed_bundle_is_dropped_and_consuming_goes_on(
         routing_key=own_queue)
     await channel.close()
     await transport.publish(own_queue, b"after")
-    got: list[bytes] = []
-
-    async def collect(body: bytes) -> None:
-        got.append(body)
-
-    consumer = asyncio.create_task(transport.consume(own_queue, collect, prefetch=4))
-    try:
+    async with consuming(transport, own_queue, prefetch=4) as got:
         await until(lambda: b"after" in got)
         await asyncio.sleep(0.1)
         assert got == [b"declares the queue", b"after"]
-    finally:
-        consumer.cancel()
-        await asyncio.gather(consumer, return_exceptions=True)
     assert await message_count(broker, own_queue) == 0
 
 
@@ -379,22 +360,13 @@ async def test_consuming_and_publishing_resume_after_the_connection_is_cut(
         transports: Callable[..., Transport], proxy: Proxy, queue: str) -> None:
     """A lost broker connection is restored (robust): the consumer and publisher go on."""
     transport = transports(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{OPTIONS}")
-    got: list[bytes] = []
-
-    async def collect(body: bytes) -> None:
-        got.append(body)
-
-    consumer = asyncio.create_task(transport.consume(queue, collect, prefetch=4))
-    try:
+    async with consuming(transport, queue, prefetch=4) as got:
         await transport.publish(queue, b"before")
         await until(lambda: got == [b"before"])
         proxy.cut()
         await transport.publish(queue, b"after")  # waits for the reconnect, then sends
         await until(lambda: b"after" in got, seconds=10)
         assert transport.has_consumer(queue)
-    finally:
-        consumer.cancel()
-        await asyncio.gather(consumer, return_exceptions=True)
 
 
 async def test_a_body_over_the_limit_is_refused_before_connecting() -> None:
