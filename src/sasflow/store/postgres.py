@@ -361,6 +361,8 @@ class PostgresStore:
         if not isinstance(connection, psycopg.Connection):
             raise ConfigurationError(
                 "connection must be a psycopg.Connection to the store's database")
+        if not self._schema_ready:  # the caller's transaction may be the store's first use
+            self._ensure_schema()
         return insert_sync(connection, task, self.now())
 
     # ------------------------------------------------------------ scheduler
