@@ -7,6 +7,8 @@ Each test runs on a private schema of the local server (conftest STORES).
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import sys
 import time
 import uuid
@@ -282,3 +284,65 @@ async def test_an_app_runs_orders_to_the_end_on_postgres(make_store: StoreFactor
     done = await asyncio.to_thread(run)
     assert [t.state for t in done] == [TaskState.PROCESSED] * 21
     assert done[-1].steps[1].result == {"charged": 99, "after": {"reserved": 99}}
+
+
+@on_postgres
+async def test_the_order_example_runs_on_postgres(make_store: StoreFactory) -> None:
+    """The example app served by a `sasflow worker` on PostgreSQL: each order row
+    commits with its task (E1), the payments agent reads the order from the same
+    database (E4), a declined card is compensated, the others are processed."""
+    from sasflow.examples.orders.app import build_app
+    from sasflow.examples.orders.orders import place_orders, sample_orders
+    from sasflow.examples.orders.remote import RemoteService
+
+    url = postgres(make_store).conninfo
+    orders = sample_orders(6, prefix="order-pg-", declined={3})
+
+    def run() -> list[Task]:
+        with RemoteService() as service:  # no faults: the outcome is exact
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "sasflow.cli", "worker",
+                 "sasflow.examples.orders.app:app", "--log-level", "warning"],
+                env={**os.environ, "SASFLOW_STORE": url, "SASFLOW_TRANSPORT": "memory",
+                     "SASFLOW_DEMO_REMOTE": service.url})
+            app = build_app(url)
+            try:
+                place_orders(app, orders)
+                return [app.wait(order.order_ref, timeout=60) for order in orders]
+            finally:
+                app.close()
+                worker.terminate()
+                worker.wait(timeout=30)
+
+    done = await asyncio.to_thread(run)
+    assert [t.state for t in done] == [TaskState.PROCESSED] * 2 + [TaskState.COMPENSATED] + [
+        TaskState.PROCESSED] * 3
+    # without its row, charging any order fails at once and every order is undone
+    charged = done[0].steps[1].result
+    assert charged is not None
+    assert (charged["operation"], charged["order_id"]) == ("charge", 1)
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT order_ref, card FROM orders ORDER BY order_id").fetchall()
+    assert rows == [(o.order_ref, o.card) for o in orders]
+
+
+@on_postgres
+async def test_placing_example_orders_from_the_command_line(make_store: StoreFactory) -> None:
+    """`python -m sasflow.examples.orders.orders --orders 3` writes 3 order rows and their
+    3 pending tasks; `--orders 0` is refused in one line and writes nothing."""
+    url = postgres(make_store).conninfo
+    command = [sys.executable, "-m", "sasflow.examples.orders.orders"]
+    env = {**os.environ, "SASFLOW_STORE": url}
+    refused = await asyncio.to_thread(subprocess.run, [*command, "--orders", "0"], env=env,
+                                      capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].endswith(
+        "--orders must be >= 1 and --decline-every >= 0")
+    placed = await asyncio.to_thread(subprocess.run, [*command, "--orders", "3"], env=env,
+                                     capture_output=True, text=True)
+    assert placed.returncode == 0, placed.stderr
+    with psycopg.connect(url) as conn:
+        orders = conn.execute("SELECT order_ref FROM orders ORDER BY order_id").fetchall()
+        tasks = conn.execute("SELECT task_id, state FROM tasks ORDER BY task_id").fetchall()
+    assert len(orders) == 3
+    assert sorted((ref, "pending") for (ref,) in orders) == tasks

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
-import threading
 import weakref
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from sasflow import AgentRequest, App, PermanentError, Step
+from sasflow.examples.orders.orders import ORDERS_SCHEMA, WORKFLOW, read_order
 
 __all__ = [
     "DEFAULT_REMOTE",
@@ -45,40 +43,12 @@ __all__ = [
 
 REMOTE_ENV = "SASFLOW_DEMO_REMOTE"
 DEFAULT_REMOTE = "http://127.0.0.1:8765"  # where `python -m sasflow.examples.orders.remote` listens
-WORKFLOW = "process-order"
 
 # The remote service is known to be flaky: the breaker should only trip on a real
 # outage (a long run of failures), and probe again soon, or the demo would spend
 # most of its time failing fast.
 _AGENT_OPTIONS: dict[str, Any] = {"attempts": 10, "initial_wait": 0.05, "max_wait": 0.5,
                                   "failure_threshold": 10, "reset_timeout": 1.0}
-
-
-# The application's own table, in the same SQLite file as the task records, so an
-# order and its task are written in one transaction (E1).
-ORDERS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS orders (
-    order_ref TEXT PRIMARY KEY,  -- = the task id
-    order_id  INTEGER NOT NULL,
-    amount    REAL NOT NULL,
-    card      TEXT NOT NULL
-)"""
-
-_readers = threading.local()
-
-
-def read_order(order_ref: str) -> dict[str, Any]:
-    """E4: an agent reads the order's details itself, by the task's id."""
-    db: sqlite3.Connection | None = getattr(_readers, "db", None)
-    if db is None:
-        url = os.environ.get("SASFLOW_STORE", "sqlite:///sasflow.db")
-        path = urlsplit(url).path.removeprefix("/")
-        db = _readers.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
-    row = db.execute("SELECT order_id, amount, card FROM orders WHERE order_ref = ?",
-                     (order_ref,)).fetchone()
-    if row is None:
-        raise PermanentError(f"no order {order_ref}")
-    return {"order_id": row[0], "amount": row[1], "card": row[2]}
 
 
 class RemoteUnavailable(Exception):

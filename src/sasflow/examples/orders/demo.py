@@ -39,7 +39,8 @@ import httpx
 
 from sasflow.app import App
 from sasflow.errors import SasflowError
-from sasflow.examples.orders.app import ORDERS_SCHEMA, REMOTE_ENV, WORKFLOW, build_app
+from sasflow.examples.orders.app import REMOTE_ENV, build_app
+from sasflow.examples.orders.orders import WORKFLOW, place_orders, sample_orders
 from sasflow.examples.orders.remote import Faults, RemoteService
 from sasflow.model import TERMINAL_TASK_STATES, TaskState
 from sasflow.store.sqlite import SQLiteStore
@@ -142,7 +143,7 @@ class _Run:
                 started = time.monotonic()
                 for _ in range(self.workers):
                     pool.start()
-                self._place_orders(app, sqlite.path)
+                self._place_orders(app)
                 ok = self._watch(pool, tally, started)
                 elapsed = time.monotonic() - started
                 pool.stop()  # before reading the final numbers: nothing moves any more
@@ -154,20 +155,10 @@ class _Run:
         finally:
             app.close()
 
-    def _place_orders(self, app: App, path: str) -> None:
-        """E1: each order row and its task commit together, in one transaction."""
-        with contextlib.closing(sqlite3.connect(path, timeout=30.0)) as db:
-            db.execute(ORDERS_SCHEMA)
-            db.commit()
-            for n in range(1, self.orders + 1):
-                order_ref = f"{self.prefix}{n}"  # TaskID = OrderID (E2)
-                amount = round(5 + (n * 37 % 500) + n % 100 / 100, 2)
-                card = "declined" if n in self.declined else "ok"
-                with db:  # commits both, or neither
-                    db.execute("INSERT INTO orders VALUES (?, ?, ?, ?)",
-                               (order_ref, n, amount, card))
-                    # E4: the task carries only the order's id; agents read the rest
-                    app.submit(WORKFLOW, {"order_id": n}, task_id=order_ref, connection=db)
+    def _place_orders(self, app: App) -> None:
+        """E1: each order row and its task commit together (orders.place_orders)."""
+        place_orders(app, sample_orders(self.orders, prefix=self.prefix,  # TaskID = OrderID
+                                        declined=self.declined))
 
     def _worker_env(self, remote: str) -> dict[str, str]:
         # every worker runs every role under its own name, whatever the caller's
