@@ -63,12 +63,19 @@ def _sqlite_path(url: str) -> str:
     return urlsplit(url).path.removeprefix("/")
 
 
-_readers = threading.local()
+class _Readers(threading.local):
+    """Each thread's read-only connections, by store URL."""
+
+    def __init__(self) -> None:
+        self.by_url: dict[str, Any] = {}
+
+
+_readers = _Readers()
 
 
 def _reader(url: str) -> Any:
     """This thread's read-only connection to the store's database."""
-    opened: dict[str, Any] = _readers.__dict__.setdefault("by_url", {})
+    opened = _readers.by_url
     db = opened.get(url)
     if db is None:
         if _on_postgres(url):
