@@ -8,13 +8,15 @@ Declarations are validated when made, so a mistake fails at import, not at 3 a.m
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sasflow.errors import ConfigurationError
 
-__all__ = ["OnFailure", "Step", "Workflow"]
+__all__ = ["OnFailure", "Step", "Workflow", "workflow_version"]
 
 
 class OnFailure(enum.StrEnum):
@@ -118,6 +120,19 @@ class Workflow:
             _index={s.name: i for i, s in enumerate(steps)},
         )
 
+    @property
+    def version(self) -> str:
+        """What a task of this workflow depends on, as a short stable hash.
+
+        Derived from the declaration's shape only: the workflow's name and its
+        steps' names and agents, in order. A task records the version it was
+        submitted under, and only workers that declare that version run it, so
+        a release that reorders, renames or drops steps never meets a task
+        planned for another shape. Timeouts and policies are not part of it:
+        changing them leaves every task runnable.
+        """
+        return workflow_version(self.name, [(s.name, s.agent) for s in self.steps])
+
     def index_of(self, step: str) -> int:
         try:
             return self._index[step]
@@ -129,3 +144,13 @@ class Workflow:
     def release_delay(self, failure_count: int) -> float:
         """How long a released task waits before it may be claimed again."""
         return min(60.0, self.retry_backoff * 2.0 ** max(0, failure_count - 1))
+
+
+def workflow_version(name: str, steps: Sequence[tuple[str, str]]) -> str:
+    """The version of a workflow with these (step, agent) pairs, in order (see `Workflow.version`).
+
+    Also computed from a stored task's own steps, so tasks written before
+    versions existed get theirs from what they hold.
+    """
+    shape = json.dumps([name, [list(s) for s in steps]], separators=(",", ":"))
+    return hashlib.sha256(shape.encode()).hexdigest()[:12]
