@@ -17,7 +17,7 @@ from sasflow.messages import decode_status
 from sasflow.model import Phase, StepState, Task, TaskState, idempotency_key
 from sasflow.plan import Plan
 from sasflow.store import Store
-from sasflow.store.base import NewTask
+from sasflow.store.base import Instance, NewTask
 from sasflow.transition import LeaseFence, Transition
 from sasflow.workflow import Step, Workflow
 
@@ -420,6 +420,48 @@ async def test_supervisors_on_two_instances_count_an_expiry_once(
         *(two.apply(plan.expire(t, "sup-2", clock.now)) for t in second))
     assert sum(results) == 10
     assert {t.failure_count for t in await one.list_tasks(limit=100)} == {1}
+
+
+# ---------------------------------------------------------------- instances (R2)
+
+
+def instance(instance_id: str, **declared: Any) -> Instance:
+    return Instance(instance_id=instance_id, host="host-a", pid=4321,
+                    roles=declared.get("roles", ["scheduler", "agent"]),
+                    agents=declared.get("agents", ["inventory"]),
+                    workflows=declared.get("workflows", {"order": ORDER.version}))
+
+
+async def test_an_instance_beats_on_the_stores_clock(store: Store, clock: Clock) -> None:
+    """R2: a heartbeat records what the instance declares and when, on the store's clock;
+    a later beat renews it and keeps when it started."""
+    assert await store.instances() == []
+    await store.beat(instance("w-1"))
+    clock.advance(2.5)
+    await store.beat(instance("w-1", agents=["inventory", "payments"]))
+    await store.beat(instance("w-2", roles=["supervisor"], agents=[], workflows={}))
+    first, second = await store.instances()
+    assert (first.instance_id, first.started_at, first.beat_at) == ("w-1", clock.now - 2.5,
+                                                                   clock.now)
+    assert first.agents == ["inventory", "payments"]
+    assert first.workflows == {"order": ORDER.version} and first.stopped_at is None
+    assert (second.instance_id, second.roles, second.workflows) == ("w-2", ["supervisor"], {})
+    assert await store.instances(instance_id="w-2") == [second]
+    assert await store.instances(instance_id="nobody") == []
+
+
+async def test_a_stopped_instance_says_so_until_it_beats_again(store: Store,
+                                                               clock: Clock) -> None:
+    """A clean shutdown is recorded; the same instance id starting again clears it."""
+    await store.beat(instance("w-1"))
+    clock.advance(1)
+    await store.stopped("w-1")
+    [stopped] = await store.instances(instance_id="w-1")
+    assert stopped.stopped_at == clock.now
+    clock.advance(1)
+    await store.beat(instance("w-1"))
+    [running] = await store.instances(instance_id="w-1")
+    assert running.stopped_at is None and running.beat_at == clock.now
 
 
 # ---------------------------------------------------------------- leases (M3)

@@ -16,7 +16,7 @@ from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
 from sasflow.transition import Transition
 
-__all__ = ["Alert", "HistoryEntry", "NewTask", "OutboxMessage", "Store"]
+__all__ = ["Alert", "HistoryEntry", "Instance", "NewTask", "OutboxMessage", "Store"]
 
 
 class NewTask(msgspec.Struct, kw_only=True):
@@ -52,6 +52,20 @@ class Alert(msgspec.Struct, kw_only=True):
     message: str
     step: str | None = None
     agent: str | None = None
+
+
+class Instance(msgspec.Struct, kw_only=True):
+    """A worker instance as it declares itself, with its last heartbeat (store clock)."""
+
+    instance_id: str
+    host: str
+    pid: int
+    roles: list[str]
+    agents: list[str]  # the agents it serves
+    workflows: dict[str, str]  # workflow name -> version, those it can run
+    started_at: float = 0.0
+    beat_at: float = 0.0
+    stopped_at: float | None = None  # a clean shutdown; None while it runs
 
 
 class OutboxMessage(msgspec.Struct, kw_only=True):
@@ -119,6 +133,19 @@ class Store(Protocol):
         A store with no way to hear of other processes' work returns at once;
         schedulers then find it by polling.
         """
+        ...
+
+    async def beat(self, instance: Instance) -> None:
+        """Record that `instance` is alive now: its row, written or renewed, with
+        `beat_at` (and, on its first beat, `started_at`) on the store's clock."""
+        ...
+
+    async def stopped(self, instance_id: str) -> None:
+        """Record a clean shutdown of the instance (its heartbeat stops on purpose)."""
+        ...
+
+    async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
+        """The instances that have beaten (or only the one named), oldest first."""
         ...
 
     async def take_outbox(self, queues: Collection[str] | None, limit: int

@@ -85,6 +85,28 @@ WHERE leases.holder = excluded.holder OR leases.expires_at < %s
 RETURNING holder, epoch
 """
 
+# A worker instance's heartbeat: its row, renewed; started_at stays as first written.
+BEAT = """
+INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, started_at, beat_at)
+VALUES (%(instance_id)s, %(host)s, %(pid)s, %(roles)s, %(agents)s, %(workflows)s,
+        %(now)s, %(now)s)
+ON CONFLICT (instance_id) DO UPDATE SET
+    host = excluded.host, pid = excluded.pid, roles = excluded.roles,
+    agents = excluded.agents, workflows = excluded.workflows,
+    beat_at = excluded.beat_at, stopped_at = NULL
+"""
+
+MARK_STOPPED = ("UPDATE instances SET stopped_at = %(now)s"
+                " WHERE instance_id = %(instance_id)s")
+
+SELECT_INSTANCES = """
+SELECT instance_id, host, pid, roles::text, agents::text, workflows::text,
+       started_at, beat_at, stopped_at
+FROM instances
+WHERE %(instance_id)s::text IS NULL OR instance_id = %(instance_id)s::text
+ORDER BY started_at, instance_id
+"""
+
 # One workflow at a time: an ordered range scan of the partial index tasks_claimable.
 # SKIP LOCKED: rows another scheduler is claiming right now are passed over, not
 # waited for, so concurrent claims take disjoint tasks without blocking (M1).

@@ -56,7 +56,7 @@ from sasflow.errors import ConfigurationError, StoreError
 from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
 from sasflow.store import pg_sql as q
-from sasflow.store.base import Alert, HistoryEntry, NewTask, OutboxMessage
+from sasflow.store.base import Alert, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.pg_commit import GroupCommit
 from sasflow.store.pg_write import (
     Outcome,
@@ -67,7 +67,13 @@ from sasflow.store.pg_write import (
     write_batch,
     written,
 )
-from sasflow.store.rows import attach_steps, check_legal, task_from_row
+from sasflow.store.rows import (
+    attach_steps,
+    check_legal,
+    instance_from_row,
+    instance_params,
+    task_from_row,
+)
 from sasflow.transition import Transition
 
 __all__ = ["PostgresStore"]
@@ -479,7 +485,8 @@ class PostgresStore:
         return [Alert(id=r[0], task_id=r[1], step=r[2], agent=r[3], at=r[4], message=r[5])
                 for r in rows]
 
-    async def _fetchall(self, statement: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    async def _fetchall(self, statement: str, params: Sequence[Any] | Mapping[str, Any]
+                        ) -> list[tuple[Any, ...]]:
         async def job(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             return await (await conn.execute(statement, params)).fetchall()
 
@@ -488,6 +495,23 @@ class PostgresStore:
     async def _fetchone(self, statement: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         rows = await self._fetchall(statement, params)
         return rows[0] if rows else None
+
+    # ------------------------------------------------------------ instances (R2)
+    async def beat(self, instance: Instance) -> None:
+        async def job(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(q.BEAT, instance_params(instance, self.now()))
+
+        await self._at_home(lambda: self._run(job))  # the same row again: safe to repeat
+
+    async def stopped(self, instance_id: str) -> None:
+        async def job(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(q.MARK_STOPPED, {"instance_id": instance_id, "now": self.now()})
+
+        await self._at_home(lambda: self._run(job))
+
+    async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
+        rows = await self._fetchall(q.SELECT_INSTANCES, {"instance_id": instance_id})
+        return [instance_from_row(row) for row in rows]
 
     # ------------------------------------------------------------ outbox (E11)
     async def take_outbox(self, queues: Collection[str] | None, limit: int

@@ -27,10 +27,12 @@ from sasflow.model import (
     TaskState,
     can_move,
 )
+from sasflow.store.base import Instance
 from sasflow.transition import UNSET, Transition
 
 __all__ = ["Row", "RowKind", "attach_steps", "check_legal", "fence_values", "implied_rows",
-           "set_values", "status_row", "task_from_row"]
+           "instance_from_row", "instance_params", "set_values", "status_row",
+           "task_from_row"]
 
 # What an implied row is; stores map each to their UPSERT_STEP, MIRROR_UNDO,
 # INSERT_HISTORY, INSERT_OUTBOX and INSERT_ALERT statements.
@@ -38,6 +40,22 @@ RowKind = Literal["step", "mirror", "history", "outbox", "alert"]
 Row = tuple[RowKind, tuple[Any, ...]]
 
 _decode = msgspec.json.decode
+
+
+def instance_params(instance: Instance, now: float) -> dict[str, Any]:
+    """The named parameters of BEAT: lists and maps as JSON text."""
+    return {"instance_id": instance.instance_id, "host": instance.host, "pid": instance.pid,
+            "roles": encode(instance.roles).decode(), "agents": encode(instance.agents).decode(),
+            "workflows": encode(instance.workflows).decode(), "now": now}
+
+
+def instance_from_row(row: tuple[Any, ...]) -> Instance:
+    """A row of SELECT_INSTANCES (JSON columns as text) as an Instance."""
+    (instance_id, host, pid, roles, agents, workflows, started_at, beat_at,
+     stopped_at) = row
+    return Instance(instance_id=instance_id, host=host, pid=pid, roles=_decode(roles),
+                    agents=_decode(agents), workflows=_decode(workflows),
+                    started_at=started_at, beat_at=beat_at, stopped_at=stopped_at)
 
 
 def task_from_row(row: tuple[Any, ...]) -> Task:

@@ -111,6 +111,25 @@ RETURNING holder, epoch
 """
 
 
+# A worker instance's heartbeat: its row, renewed; started_at stays as first written.
+BEAT = """
+INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, started_at, beat_at)
+VALUES (:instance_id, :host, :pid, :roles, :agents, :workflows, :now, :now)
+ON CONFLICT (instance_id) DO UPDATE SET
+    host = excluded.host, pid = excluded.pid, roles = excluded.roles,
+    agents = excluded.agents, workflows = excluded.workflows,
+    beat_at = excluded.beat_at, stopped_at = NULL
+"""
+
+MARK_STOPPED = "UPDATE instances SET stopped_at = :now WHERE instance_id = :instance_id"
+
+SELECT_INSTANCES = """
+SELECT instance_id, host, pid, roles, agents, workflows, started_at, beat_at, stopped_at
+FROM instances WHERE :instance_id IS NULL OR instance_id = :instance_id
+ORDER BY started_at, instance_id
+"""
+
+
 def _marks(n: int) -> str:
     return ", ".join("?" * n)
 

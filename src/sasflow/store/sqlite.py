@@ -33,13 +33,15 @@ from sasflow.model import (
 )
 from sasflow.plan import Plan
 from sasflow.store import sql
-from sasflow.store.base import Alert, HistoryEntry, NewTask, OutboxMessage
+from sasflow.store.base import Alert, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.rows import (
     RowKind,
     attach_steps,
     check_legal,
     fence_values,
     implied_rows,
+    instance_from_row,
+    instance_params,
     set_values,
     status_row,
     task_from_row,
@@ -244,6 +246,20 @@ class SQLiteStore:
                                 .fetchall())
         return [Alert(id=r[0], task_id=r[1], step=r[2], agent=r[3], at=r[4], message=r[5])
                 for r in rows]
+
+    # ------------------------------------------------------------ instances (R2)
+    async def beat(self, instance: Instance) -> None:
+        await self._writer.run(lambda conn: conn.execute(
+            sql.BEAT, instance_params(instance, self.now())))
+
+    async def stopped(self, instance_id: str) -> None:
+        await self._writer.run(lambda conn: conn.execute(
+            sql.MARK_STOPPED, {"instance_id": instance_id, "now": self.now()}))
+
+    async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
+        rows = await self._read(lambda c: c.execute(
+            sql.SELECT_INSTANCES, {"instance_id": instance_id}).fetchall())
+        return [instance_from_row(row) for row in rows]
 
     # ------------------------------------------------------------ outbox (E11)
     async def take_outbox(self, queues: Collection[str] | None, limit: int
