@@ -13,6 +13,7 @@ each task stands (M4).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
@@ -105,7 +106,7 @@ class Scheduler:
             free = self.concurrency - len(self._drivers)
             if free > 0:
                 try:
-                    claimed = await self.store.claim(self.instance_id, free, self.plans)
+                    claimed = await self._claim(free)
                 except Exception:  # the store hiccupped: try again after a pause
                     log.exception("claim failed")
                     await asyncio.sleep(_IDLE_POLL_MAX)
@@ -132,6 +133,22 @@ class Scheduler:
             except TimeoutError:
                 idle = min(idle * 2, _IDLE_POLL_MAX_WATCHED if not watcher.done()
                            else _IDLE_POLL_MAX)
+
+    async def _claim(self, limit: int) -> list[Task]:
+        """Claim up to `limit` tasks; what a claim took is held even if this is cancelled.
+
+        A stop can arrive while the claim is on its way back from the store, after
+        it committed: its tasks must still be handed back on shutdown, not left
+        locked until their complete-by passes.
+        """
+        claiming = asyncio.ensure_future(self.store.claim(self.instance_id, limit, self.plans))
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                for task in await claiming:
+                    self._held[task.task_id] = task
+            raise
 
     def _driver_done(self, driver: asyncio.Task[None]) -> None:
         self._drivers.discard(driver)

@@ -3,38 +3,52 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from sasflow import App, Step
 from sasflow.agent import AgentRequest
+from sasflow.model import Task
 
 
-async def test_a_wake_up_while_every_slot_is_busy_does_not_starve_the_loop(db_url: str) -> None:
-    """With all slots taken, a wake-up must not make the claim loop spin without yielding."""
+async def test_a_wake_up_while_every_slot_is_busy_claims_nothing(db_url: str) -> None:
+    """With every slot taken, a wake-up is taken in (the event is cleared) without a
+    claim; the waiting task is claimed once a slot frees."""
     app = App(store=db_url)
+    release = asyncio.Event()
 
-    @app.agent("slow")
-    async def slow(req: AgentRequest) -> dict[str, str]:
-        await asyncio.sleep(0.5)
+    @app.agent("held")
+    async def held(req: AgentRequest) -> dict[str, str]:
+        await release.wait()
         return {}
 
-    app.workflow("wf", steps=[Step("s", agent="slow", timeout=5.0)])
+    app.workflow("wf", steps=[Step("s", agent="held", timeout=30.0)])
     worker = app.worker(concurrency=1, roles=["scheduler", "agent"])
+    scheduler = worker.scheduler
+    assert scheduler is not None
+    claims: list[int] = []
+    claim = app.store.claim
+
+    async def counted(owner: str, limit: int, plans: Any) -> list[Task]:
+        claims.append(limit)
+        return await claim(owner, limit, plans)
+
+    app.store.claim = counted  # type: ignore[method-assign]
     running = asyncio.create_task(worker.run())
     try:
         await app.asubmit("wf", {}, task_id="t1")
-        await app.asubmit("wf", {}, task_id="t2")
-        assert worker.scheduler is not None
-        async with asyncio.timeout(5):
-            while worker.scheduler.in_flight == 0:
+        async with asyncio.timeout(10):
+            while scheduler.in_flight == 0:
                 await asyncio.sleep(0.01)
-        worker.scheduler.wake()
-        ticks = 0
-        for _ in range(5):  # a spinning claim loop would never give these a turn
-            await asyncio.sleep(0.01)
-            ticks += 1
-        assert ticks == 5
-        first = await app.await_("t1", timeout=5)
-        second = await app.await_("t2", timeout=5)
+        await app.asubmit("wf", {}, task_id="t2")  # wakes the loop: no slot is free
+        before = len(claims)
+        async with asyncio.timeout(10):
+            while scheduler._wake.is_set():  # the loop took the wake-up in
+                await asyncio.sleep(0.001)
+        assert len(claims) == before  # ... and claimed nothing: no slot was free
+        assert (await app.aget("t2")).state.value == "pending"
+        release.set()
+        first = await app.await_("t1", timeout=30)
+        second = await app.await_("t2", timeout=30)
         assert (first.state.value, second.state.value) == ("processed", "processed")
     finally:
         running.cancel()
@@ -65,4 +79,38 @@ async def test_tasks_held_at_shutdown_are_handed_back_without_a_failure(db_url: 
     assert task.steps[0].state.value == "pending"
     history = await app.ahistory("t1")
     assert "released" in (history[-2].why or "")
+    await app.store.close()
+
+
+async def test_a_claim_that_commits_as_the_worker_stops_is_handed_back(db_url: str) -> None:
+    """Stopped while its claim is on the way back from the store, the scheduler still
+    knows what it took and hands it back: nothing stays locked until it expires."""
+    app = App(store=db_url)
+
+    @app.agent("noop")
+    async def noop(req: AgentRequest) -> dict[str, str]:
+        return {}
+
+    app.workflow("wf", steps=[Step("s", agent="noop", timeout=60.0)])
+    worker = app.worker(roles=["scheduler"])
+    committed, stopping = asyncio.Event(), asyncio.Event()
+    claim = app.store.claim
+
+    async def late_answer(owner: str, limit: int, plans: Any) -> list[Task]:
+        claimed = await claim(owner, limit, plans)
+        if claimed:
+            committed.set()
+            await stopping.wait()  # the answer comes back after the stop was asked for
+        return claimed
+
+    app.store.claim = late_answer  # type: ignore[method-assign]
+    await app.asubmit("wf", {}, task_id="t1")
+    running = asyncio.create_task(worker.run())
+    await committed.wait()
+    assert (await app.aget("t1")).locked_by is not None
+    running.cancel()
+    stopping.set()
+    await asyncio.gather(running, return_exceptions=True)
+    task = await app.aget("t1")
+    assert (task.state.value, task.locked_by, task.failure_count) == ("pending", None, 0)
     await app.store.close()
