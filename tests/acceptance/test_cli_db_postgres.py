@@ -20,7 +20,7 @@ def sasflow(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def empty_schema() -> Iterator[str]:
+def empty_schema(postgres_server: str) -> Iterator[str]:
     name = f"dbup_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(SERVER, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {name}")

@@ -21,11 +21,15 @@ def store(tmp_path: Path) -> str:
     return url
 
 
-@pytest.mark.parametrize("transport", [
-    "memory",
-    pytest.param("redis://127.0.0.1:6379/0", id="redis"),
-    pytest.param("amqp://guest:guest@127.0.0.1:5672/", id="rabbitmq"),
-])
+@pytest.fixture(params=["memory", "redis", "rabbitmq"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """A reachable transport's URL (the machine's broker, for redis and rabbitmq)."""
+    if request.param == "memory":
+        return "memory"
+    url: str = request.getfixturevalue(f"{request.param}_server")
+    return url
+
+
 def test_healthy_store_and_transport_exit_0(store: str, transport: str) -> None:
     """Both answer: exit 0, `ok`."""
     done = sasflow("healthcheck", "--store", store, "--transport", transport)

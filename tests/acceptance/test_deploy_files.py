@@ -321,7 +321,7 @@ def clean_env(**values: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def private_schema() -> Iterator[str]:
+def private_schema(postgres_server: str, rabbitmq_server: str) -> Iterator[str]:
     name = f"deploy_{os.getpid()}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(SERVER, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {name}")
@@ -380,7 +380,7 @@ def guide_grants(owner: str, app: str, schema: str) -> str:
 
 
 @pytest.fixture
-def guide_roles() -> Iterator[tuple[str, str, str]]:
+def guide_roles(postgres_server: str, rabbitmq_server: str) -> Iterator[tuple[str, str, str]]:
     """The owner and the workers' roles, and their schema, made by the guide's SQL."""
     tag = f"deploy_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     owner, app, schema = f"{tag}_owner", f"{tag}_app", tag

@@ -18,6 +18,7 @@ import pytest
 from sasflow.store import Store, open_store
 from sasflow.transport import Transport, open_transport
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES
+from support.services import POSTGRES, RABBITMQ, REDIS, require
 
 START = 1_700_000_000.0
 
@@ -35,9 +36,6 @@ class FakeClock:
         self.now += seconds
 
 
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
-
-
 def postgres_schema(tmp_path: Path) -> str:
     """A new empty schema in the local server's `test` database, dropped at exit.
 
@@ -50,6 +48,7 @@ def postgres_schema(tmp_path: Path) -> str:
 
     import psycopg
 
+    require("postgres")
     name = f"contract_{os.getpid()}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(POSTGRES, autocommit=True) as conn:
         for (old,) in conn.execute("SELECT nspname FROM pg_namespace"
@@ -72,13 +71,23 @@ STORES: dict[str, Callable[[Path], str]] = {
     "sqlite": lambda tmp_path: f"sqlite:///{tmp_path / 'contract.db'}",
 }
 
+def redis_transport() -> str:
+    # a database apart from the default one; queue names are unique per test
+    require("redis")
+    return f"{REDIS}?prefix=sasflow-contract:"
+
+
+def rabbitmq_transport() -> str:
+    # queues the broker deletes once unused for a while, so no test leaves any behind
+    require("rabbitmq")
+    return f"{RABBITMQ}?queue_expires=20"
+
+
 # backend name -> the URL of a transport for one test (queue names are made unique)
 TRANSPORTS: dict[str, Callable[[], str]] = {
     "memory": lambda: "memory",
-    # a database apart from the default one; queue names are unique per test
-    "redis": lambda: "redis://127.0.0.1:6379/15?prefix=sasflow-contract:",
-    # queues the broker deletes once unused for a while, so no test leaves any behind
-    "rabbitmq": lambda: "amqp://guest:guest@127.0.0.1:5672/?queue_expires=20",
+    "redis": redis_transport,
+    "rabbitmq": rabbitmq_transport,
 }
 
 StoreFactory = Callable[..., Store]

@@ -32,7 +32,7 @@ URL = BROKER + OPTIONS
 
 
 @pytest.fixture
-async def broker() -> AsyncIterator[AbstractRobustConnection]:
+async def broker(rabbitmq_server: str) -> AsyncIterator[AbstractRobustConnection]:
     """A plain aio-pika connection to look at the broker from outside the transport."""
     connection = await aio_pika.connect_robust(BROKER)
     yield connection
@@ -60,7 +60,7 @@ async def own_queue(broker: AbstractRobustConnection) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def transports() -> AsyncIterator[Callable[..., Transport]]:
+async def transports(rabbitmq_server: str) -> AsyncIterator[Callable[..., Transport]]:
     opened: list[Transport] = []
 
     def make(url: str = URL) -> Transport:

@@ -163,7 +163,7 @@ class Proxy:
 
 
 @pytest.fixture
-async def proxy() -> AsyncIterator[Proxy]:
+async def proxy(postgres_server: str) -> AsyncIterator[Proxy]:
     started = Proxy()
     await started.start()
     yield started

@@ -29,7 +29,7 @@ Make = Callable[..., RedisTransport]
 
 
 @pytest.fixture
-async def admin() -> AsyncIterator[aioredis.Redis]:
+async def admin(redis_server: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(SERVER)
     yield client
     await client.aclose()

@@ -132,6 +132,9 @@ def postgres_schema() -> Iterator[str]:
     Dropped afterwards; the name carries this process's id, so schemas left by a
     killed run are dropped by the next one (as tests/contract/conftest.py does).
     """
+    from support.services import require  # the test process only, not its workers
+
+    require("postgres")
     name = f"{SCHEMA_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(POSTGRES, autocommit=True) as conn:
         stale = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname ~ %s",
@@ -156,6 +159,10 @@ def private_transport(kind: str, namespace: str) -> Iterator[str]:
     RabbitMQ: queue names are private already (agents and instance ids carry the
     namespace); the broker deletes the queues once unused for 20 s.
     """
+    from support.services import require  # the test process only, not its workers
+
+    if kind in ("redis", "rabbitmq"):
+        require(kind)
     if kind == "redis":
         import redis
 

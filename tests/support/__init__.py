@@ -1,0 +1,1 @@
+"""What the tests share: the machine's servers, and how a test asks for one."""
