@@ -54,9 +54,12 @@ def ship(req: AgentRequest) -> dict[str, Any]:
     return {"tracking": f"t-{req.task_id}"}
 
 
-STEPS = [Step("reserve", agent="inventory", timeout=5.0),
-         Step("charge", agent="payments", timeout=5.0),
-         Step("ship", agent="shipping", timeout=5.0)]
+# No test here is about a step running out of time: give each a complete-by that a
+# loaded machine cannot miss, so slowness never turns into expiries and an error.
+STEP_TIMEOUT = 600.0
+STEPS = [Step("reserve", agent="inventory", timeout=STEP_TIMEOUT),
+         Step("charge", agent="payments", timeout=STEP_TIMEOUT),
+         Step("ship", agent="shipping", timeout=STEP_TIMEOUT)]
 
 # a declined payment stops the order in error for an operator to act on (E8)
 app.workflow("order", steps=STEPS, on_failure="error")
@@ -65,4 +68,4 @@ app.workflow("order", steps=STEPS, on_failure="error")
 not_an_app = {"name": "shop"}
 
 # a second workflow, for listing by workflow
-app.workflow("restock", steps=[Step("reserve", agent="inventory", timeout=5.0)])
+app.workflow("restock", steps=[Step("reserve", agent="inventory", timeout=STEP_TIMEOUT)])
