@@ -27,8 +27,8 @@ from typing import Any
 import msgspec
 
 from sasflow.breaker import CircuitBreaker
-from sasflow.errors import ConfigurationError, PermanentError
-from sasflow.messages import Reply, Request, decode_request, encode, refuse_non_finite
+from sasflow.errors import ConfigurationError, PayloadError, PermanentError, TransportError
+from sasflow.messages import Reply, Request, decode_request, encode_within, refuse_non_finite
 from sasflow.model import Phase
 from sasflow.resilience import RetryPolicy, call_with_retries
 from sasflow.transport.base import Transport, agent_queue
@@ -39,6 +39,11 @@ log = logging.getLogger("sasflow.agent")
 
 # Stop this long before the complete-by: a reply that arrives after it is useless.
 DEADLINE_MARGIN = 0.005
+# An error reply's text is cut to this many characters (an HTTP error body can be
+# megabytes): it travels in a reply, and lands in the store and in an alert.
+_MAX_ERROR_CHARS = 2000
+# Longest wait between two tries to send a reply the transport refused.
+_MAX_SEND_PAUSE = 1.0
 
 
 class AgentRequest:
@@ -172,16 +177,62 @@ class AgentRuntime:
 
     async def _reply(self, request: Request, *, ok: bool, result: Any = None,
                      error: str | None = None, permanent: bool = False) -> None:
+        """Send the unit's reply. Never raises: the request is settled whatever happens.
+
+        A request handled again would call the remote service again (R3), so a
+        reply that cannot be made or sent is not the request's fault: a result
+        that does not fit in a message, or has no JSON form, becomes a permanent
+        error reply saying so; a reply the transport will not take is logged
+        once and dropped, and the step is recovered at its complete-by like any
+        lost reply (the remote deduplicating by the idempotency key).
+        """
         reply = Reply(task_id=request.task_id, step=request.step, phase=request.phase,
-                      epoch=request.epoch, ok=ok, result=result, error=error,
+                      epoch=request.epoch, ok=ok, result=result, error=_clip(error),
                       permanent=permanent)
+        limit = self.transport.max_message_bytes
         try:
-            body = encode(reply)
-            if b"null" in body:
-                refuse_non_finite(result)
-        except (TypeError, msgspec.EncodeError) as exc:
-            reply = Reply(task_id=request.task_id, step=request.step, phase=request.phase,
-                          epoch=request.epoch, ok=False, permanent=True,
-                          error=f"result is not JSON-serialisable: {exc}")
-            body = encode(reply)
-        await self.transport.publish(request.reply_to, body)
+            try:
+                body = encode_within(reply, limit, what="result")
+                if b"null" in body:
+                    refuse_non_finite(result)
+            except (TypeError, msgspec.EncodeError) as exc:
+                body = encode_within(self._refusal(
+                    request, f"result is not JSON-serialisable: {exc}"), limit, what="reply")
+            except PayloadError as exc:
+                body = encode_within(self._refusal(request, str(exc)), limit, what="reply")
+        except PayloadError as exc:  # even the refusal does not fit: the limit is absurd
+            log.error("%s/%s: no reply can be sent: %s", request.task_id, request.step, exc)
+            return
+        await self._send(request, body)
+
+    @staticmethod
+    def _refusal(request: Request, error: str) -> Reply:
+        log.error("%s/%s: %s", request.task_id, request.step, error)
+        return Reply(task_id=request.task_id, step=request.step, phase=request.phase,
+                     epoch=request.epoch, ok=False, permanent=True, error=error)
+
+    async def _send(self, request: Request, body: bytes) -> None:
+        """Publish a reply, retrying a transport fault while the complete-by allows.
+
+        A reply after the complete-by would be useless (the scheduler has stopped
+        waiting) and is not sent (S5).
+        """
+        pause = 0.05
+        while True:
+            try:
+                await self.transport.publish(request.reply_to, body)
+                return
+            except TransportError as error:
+                if self.clock() + pause >= request.complete_by - DEADLINE_MARGIN:
+                    log.error("%s/%s: reply not sent, the step will be recovered after its"
+                              " complete-by: %s", request.task_id, request.step, error)
+                    return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _MAX_SEND_PAUSE)
+
+
+def _clip(error: str | None) -> str | None:
+    """An error's text, cut to a size that a reply, the store and an alert can carry."""
+    if error is None or len(error) <= _MAX_ERROR_CHARS:
+        return error
+    return f"{error[:_MAX_ERROR_CHARS]}... ({len(error) - _MAX_ERROR_CHARS} more characters)"
