@@ -28,6 +28,7 @@ import msgspec
 
 from sasflow.breaker import CircuitBreaker
 from sasflow.errors import ConfigurationError, PayloadError, PermanentError, TransportError
+from sasflow.isolation import ISOLATIONS, FunctionRef, Isolation, ProcessPool
 from sasflow.messages import Reply, Request, decode_request, encode_within, refuse_non_finite
 from sasflow.model import Phase
 from sasflow.resilience import RetryPolicy, call_with_retries
@@ -86,6 +87,17 @@ class AgentFunction:
     reset_timeout: float = 5.0
     concurrency: int = 256
     undo: Callable[[AgentRequest], Any] | None = None
+    # where a sync function runs: "thread" (cannot be stopped at the complete-by) or
+    # "process" (killed at it); see isolation.py
+    isolation: Isolation = "thread"
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ConfigurationError(
+                f"agent {self.name!r}: isolation must be one of {', '.join(ISOLATIONS)},"
+                f" got {self.isolation!r}", agent=self.name)
+        if self.isolation == "process":
+            FunctionRef.of(self.handler, agent=self.name)
 
     def __call__(self, req: AgentRequest) -> Any:
         return self.handler(req)
@@ -95,6 +107,8 @@ class AgentFunction:
         if self.undo is not None:
             raise ConfigurationError(f"agent {self.name!r} already has a compensator",
                                      agent=self.name)
+        if self.isolation == "process":
+            FunctionRef.of(fn, agent=self.name)
         self.undo = fn
         return fn
 
@@ -112,6 +126,8 @@ class AgentRuntime:
                          for a in agents}
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=64, thread_name_prefix="sasflow-agent")
+        self._processes = {a.name: ProcessPool(a.name, a.concurrency)
+                           for a in agents if a.isolation == "process"}
 
     async def run(self) -> None:
         """Consume every served agent's queue until cancelled."""
@@ -123,6 +139,8 @@ class AgentRuntime:
                         prefetch=agent.concurrency))
         finally:
             self._threads.shutdown(wait=False, cancel_futures=True)
+            for pool in self._processes.values():
+                await pool.close()
 
     def _handler(self, agent: AgentFunction) -> Callable[[bytes], Any]:
         async def handle(body: bytes) -> None:
@@ -142,7 +160,7 @@ class AgentRuntime:
         budget = request.complete_by - DEADLINE_MARGIN - self.clock()
         if budget <= 0:
             return  # already too late: silence (S5)
-        call = self._caller(fn, request)
+        call = self._caller(agent, fn, request)
         try:
             async with asyncio.timeout(budget):
                 result = await call_with_retries(
@@ -162,12 +180,21 @@ class AgentRuntime:
             return
         await self._reply(request, ok=True, result=result)
 
-    def _caller(self, fn: Callable[[AgentRequest], Any], request: Request
-                ) -> Callable[[int], Any]:
+    def _caller(self, agent: AgentFunction, fn: Callable[[AgentRequest], Any],
+                request: Request) -> Callable[[int], Any]:
+        """Attempt `n` of `fn` on `request`: on the loop, in a worker process, or in a thread."""
         if inspect.iscoroutinefunction(fn):
             async def call_async(n: int) -> Any:
                 return await fn(AgentRequest(request, n))
             return call_async
+        pool = self._processes.get(agent.name)
+        if pool is not None:
+            ref = FunctionRef.of(fn, agent=agent.name)
+
+            async def call_in_process(n: int) -> Any:
+                # killed at the deadline: nothing of the call happens after it (S5)
+                return await pool.call(ref, request, n)
+            return call_in_process
         loop = asyncio.get_running_loop()
 
         async def call_in_thread(n: int) -> Any:

@@ -1,0 +1,302 @@
+"""Stoppable sync agents: each call in a worker process, killed at the complete-by (S5).
+
+A sync agent function runs in a thread by default (``isolation="thread"``), and
+a thread cannot be stopped: at the complete-by its result is dropped, but the
+call goes on and may still apply its effect after the deadline, when another
+instance may already be running the step again; only the remote service's
+deduplication by idempotency key then keeps the effect single.
+
+With ``@app.agent(name, isolation="process")`` each call runs in a worker
+process of the agent's own pool instead. At the complete-by that process, and
+any process it started, is killed with SIGKILL and reaped before the agent
+moves on, so a hung call applies nothing after its deadline. A worker whose
+call returns in time serves the next call; one killed, or dead, is replaced.
+
+What it asks of the agent:
+
+- the function is found by name in the worker process, so it is defined at the
+  top level of an importable module: no lambda, nested function or interactive
+  session (checked when the agent is declared);
+- the request and the result travel pickled (a request always can; a result has
+  to be JSON-serialisable anyway), and so do exceptions (one that cannot is
+  sent back as its type name and text);
+- the application's module is imported again in each worker process, so a
+  script keeps its start-up under ``if __name__ == "__main__":``.
+
+Worker processes come from multiprocessing's forkserver (spawn where there is
+none): never a fork of the running worker with its threads, connections and
+locks. On Linux a worker process also dies with the process that started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from types import ModuleType
+from typing import Any, Literal
+
+from sasflow.errors import ConfigurationError, PermanentError
+from sasflow.messages import Request
+
+__all__ = ["ISOLATIONS", "FunctionRef", "Isolation", "ProcessPool"]
+
+log = logging.getLogger("sasflow.agent")
+
+Isolation = Literal["thread", "process"]
+ISOLATIONS: tuple[Isolation, ...] = ("thread", "process")
+
+# What a worker process sends back for one call: (outcome, value).
+_RETURNED, _RAISED, _UNLOADABLE, _UNSENDABLE = "returned", "raised", "unloadable", "unsendable"
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionRef:
+    """Where a worker process finds an agent function: its module and qualified name.
+
+    The file is kept too, for a module that was loaded from a path (``sasflow
+    worker app.py:app``) and so cannot be imported by its name alone.
+    """
+
+    module: str
+    qualname: str
+    path: str | None
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], *, agent: str) -> FunctionRef:
+        """The reference to `fn`; ConfigurationError if a worker process could not find it."""
+        if inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(
+                f"agent {agent!r}: isolation='process' is for sync functions; an async"
+                " agent is cancelled at its complete-by already", agent=agent)
+        module = getattr(fn, "__module__", None)
+        qualname = getattr(fn, "__qualname__", None)
+        if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+            raise ConfigurationError(
+                f"agent {agent!r}: isolation='process' needs a function defined at the top"
+                f" level of a module, which the worker process imports by name; got {fn!r}",
+                agent=agent)
+        path = getattr(sys.modules.get(module), "__file__", None)
+        if module == "__main__" and path is None:
+            raise ConfigurationError(
+                f"agent {agent!r}: isolation='process' cannot reach a function of an"
+                " interactive session: define it in a module", agent=agent)
+        return cls(module, qualname, path)
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+    def resolve(self) -> Callable[..., Any]:
+        """The function itself (in a worker process)."""
+        from sasflow.agent import AgentFunction  # the agent module imports this one
+
+        target: Any = _module(self.module, self.path)
+        for part in self.qualname.split("."):
+            target = getattr(target, part)
+        # @app.agent leaves its AgentFunction where the function was defined
+        return target.handler if isinstance(target, AgentFunction) else target
+
+
+def _module(name: str, path: str | None) -> ModuleType:
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        if path is None:
+            raise
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name} from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class ProcessPool:
+    """The worker processes of one agent: at most `size` at once, each one call at a time."""
+
+    def __init__(self, agent: str, size: int) -> None:
+        self.agent = agent
+        self._context = _context()
+        self._slots = asyncio.Semaphore(max(1, size))
+        self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        # a call's thread sends its request and waits for the answer; killing the
+        # process ends the wait
+        self._threads = ThreadPoolExecutor(max_workers=max(1, size),
+                                           thread_name_prefix=f"sasflow-{agent}")
+
+    async def call(self, ref: FunctionRef, request: Request, attempt: int) -> Any:
+        """Run the function on `request` in a worker process; cancelling kills the process."""
+        loop = asyncio.get_running_loop()
+        async with self._slots:
+            worker = self._idle.pop() if self._idle else None
+            if worker is None or not worker.process.is_alive():
+                if worker is not None:
+                    await self._discard(worker)
+                worker = await self._start()
+            try:
+                outcome, value = await loop.run_in_executor(
+                    self._threads, worker.exchange, (ref, request, attempt))
+            except asyncio.CancelledError:
+                # the complete-by: nothing of this call may happen after it (S5)
+                await self._discard(worker)
+                log.info("%s %s/%s: killed worker process %s at the complete-by", self.agent,
+                         request.task_id, request.step, worker.pid)
+                raise
+            except (EOFError, OSError):
+                await self._discard(worker)
+                raise RuntimeError(f"the worker process of agent {self.agent!r} died"
+                                   f" (exit code {worker.exitcode})") from None
+            self._idle.append(worker)
+        if outcome == _RETURNED:
+            return value
+        if outcome == _RAISED:
+            raise value
+        if outcome == _UNLOADABLE:
+            raise PermanentError(f"agent {self.agent!r}: cannot load {ref} in a worker"
+                                 f" process: {value}", agent=self.agent)
+        raise PermanentError(f"result cannot be sent back from the worker process: {value}",
+                             agent=self.agent)
+
+    async def _start(self) -> _Worker:
+        """A new worker process (its start is the only wait a first call pays)."""
+        starting = asyncio.get_running_loop().run_in_executor(
+            self._threads, _Worker, self._context)
+        try:
+            worker = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            starting.add_done_callback(_stop_unused)  # started after all: not left running
+            raise
+        self._all.add(worker)
+        return worker
+
+    async def _discard(self, worker: _Worker) -> None:
+        """Kill a worker process and wait until it is gone."""
+        self._all.discard(worker)
+        worker.kill()
+        # reaping after SIGKILL is immediate; off the loop all the same
+        await asyncio.get_running_loop().run_in_executor(None, worker.close)
+
+    async def close(self) -> None:
+        """Kill every worker process, busy or idle (the runtime is stopping)."""
+        self._idle.clear()
+        workers, self._all = list(self._all), set()
+        for worker in workers:
+            worker.kill()
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, w.close) for w in workers))
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, context: BaseContext) -> None:
+        self.connection, child = context.Pipe()
+        # daemon: at exit, multiprocessing stops it rather than waiting for it
+        self.process = context.Process(target=_serve, args=(child,),  # type: ignore[attr-defined]
+                                       name="sasflow-agent-process", daemon=True)
+        self.process.start()
+        child.close()
+        self.pid: int = self.process.pid
+        self.exitcode: int | None = None  # once closed
+
+    def exchange(self, job: tuple[FunctionRef, Request, int]) -> tuple[str, Any]:
+        self.connection.send(job)
+        answer: tuple[str, Any] = self.connection.recv()
+        return answer
+
+    def kill(self) -> None:
+        """SIGKILL the process and its process group (anything the call started)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)  # before it made its own group
+
+    def close(self) -> None:
+        self.process.join()
+        self.exitcode = self.process.exitcode
+        self.connection.close()
+        self.process.close()
+
+
+def _stop_unused(starting: asyncio.Future[_Worker]) -> None:
+    if not starting.cancelled() and starting.exception() is None:
+        worker = starting.result()
+        worker.kill()
+        worker.close()
+
+
+def _context() -> BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+# ---------------------------------------------------------------- the worker process
+def _serve(connection: Connection) -> None:
+    """A worker process's loop: one call at a time until the parent closes the pipe."""
+    _die_with_parent()
+    with contextlib.suppress(OSError):
+        os.setsid()  # its own process group: killing it kills what it started
+    from sasflow.agent import AgentRequest
+
+    functions: dict[FunctionRef, Callable[..., Any]] = {}
+    while True:
+        try:
+            ref, request, attempt = connection.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            fn = functions.get(ref) or functions.setdefault(ref, ref.resolve())
+        except Exception as error:
+            connection.send((_UNLOADABLE, f"{type(error).__name__}: {error}"))
+            continue
+        try:
+            answer: tuple[str, Any] = (_RETURNED, fn(AgentRequest(request, attempt)))
+        except BaseException as error:  # every outcome goes back to the agent
+            answer = (_RAISED, _portable(error))
+        try:
+            connection.send(answer)
+        except Exception as error:  # the result does not pickle: nothing was written
+            connection.send((_UNSENDABLE, f"{type(error).__name__}: {error}"))
+
+
+def _portable(error: BaseException) -> Exception:
+    """`error` as the agent can receive it: an Exception that survives pickling."""
+    if isinstance(error, Exception):
+        with contextlib.suppress(Exception):
+            pickle.loads(pickle.dumps(error))
+            return error
+    kind = PermanentError if isinstance(error, PermanentError) else RuntimeError
+    return kind(f"{type(error).__name__}: {error}")
+
+
+def _die_with_parent() -> None:
+    """On Linux, be killed when the parent (the forkserver) ends: it ends with the
+    worker that uses it, and a hung call must not outlive that worker."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it ended before the request took hold
+        os._exit(1)
