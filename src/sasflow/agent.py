@@ -126,11 +126,15 @@ class AgentRuntime:
                          for a in agents}
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=64, thread_name_prefix="sasflow-agent")
-        self._processes = {a.name: ProcessPool(a.name, a.concurrency)
-                           for a in agents if a.isolation == "process"}
+        self._processes = {
+            a.name: ProcessPool(a.name, a.concurrency, preload=[
+                FunctionRef.of(fn, agent=a.name) for fn in (a.handler, a.undo) if fn])
+            for a in agents if a.isolation == "process"}
 
     async def run(self) -> None:
         """Consume every served agent's queue until cancelled."""
+        for pool in self._processes.values():
+            pool.warm()
         try:
             async with asyncio.TaskGroup() as group:
                 for agent in self.agents.values():

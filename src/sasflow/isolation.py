@@ -41,7 +41,7 @@ import os
 import pickle
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -129,18 +129,32 @@ def _module(name: str, path: str | None) -> ModuleType:
 
 
 class ProcessPool:
-    """The worker processes of one agent: at most `size` at once, each one call at a time."""
+    """The worker processes of one agent: at most `size` at once, each one call at a time.
 
-    def __init__(self, agent: str, size: int) -> None:
+    One started process is kept waiting (`warm`), so that a call, which has its
+    complete-by to keep, seldom pays for a process's start: the interpreter, the
+    application's imports (preloaded), some hundreds of milliseconds.
+    """
+
+    def __init__(self, agent: str, size: int, *, preload: Sequence[FunctionRef] = ()) -> None:
         self.agent = agent
         self._context = _context()
+        self._preload = tuple(preload)
         self._slots = asyncio.Semaphore(max(1, size))
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
-        # a call's thread sends its request and waits for the answer; killing the
-        # process ends the wait
-        self._threads = ThreadPoolExecutor(max_workers=max(1, size),
+        self._warming: asyncio.Future[_Worker] | None = None
+        self._closed = False
+        # a call's thread sends its request and waits for the answer (killing the
+        # process ends the wait); one more thread starts the spare process
+        self._threads = ThreadPoolExecutor(max_workers=max(1, size) + 1,
                                            thread_name_prefix=f"sasflow-{agent}")
+
+    def warm(self) -> None:
+        """Start a spare process now, unless one waits already."""
+        if not self._closed and not self._idle and self._warming is None:
+            self._warming = asyncio.get_running_loop().run_in_executor(
+                self._threads, _Worker, self._context, self._preload)
 
     async def call(self, ref: FunctionRef, request: Request, attempt: int) -> Any:
         """Run the function on `request` in a worker process; cancelling kills the process."""
@@ -162,8 +176,11 @@ class ProcessPool:
                 raise
             except (EOFError, OSError):
                 await self._discard(worker)
-                raise RuntimeError(f"the worker process of agent {self.agent!r} died"
-                                   f" (exit code {worker.exitcode})") from None
+                raise RuntimeError(
+                    f"the worker process of agent {self.agent!r} died (exit code"
+                    f" {worker.exitcode})" + ("" if worker.answered else _STARTUP_HINT)
+                ) from None
+            worker.answered += 1
             self._idle.append(worker)
         if outcome == _RETURNED:
             return value
@@ -176,9 +193,11 @@ class ProcessPool:
                              agent=self.agent)
 
     async def _start(self) -> _Worker:
-        """A new worker process (its start is the only wait a first call pays)."""
-        starting = asyncio.get_running_loop().run_in_executor(
-            self._threads, _Worker, self._context)
+        """The spare process if one is starting, else a new one."""
+        starting, self._warming = self._warming, None
+        if starting is None:
+            starting = asyncio.get_running_loop().run_in_executor(
+                self._threads, _Worker, self._context, self._preload)
         try:
             worker = await asyncio.shield(starting)
         except asyncio.CancelledError:
@@ -188,14 +207,19 @@ class ProcessPool:
         return worker
 
     async def _discard(self, worker: _Worker) -> None:
-        """Kill a worker process and wait until it is gone."""
+        """Kill a worker process, wait until it is gone, and have a spare one started."""
         self._all.discard(worker)
         worker.kill()
         # reaping after SIGKILL is immediate; off the loop all the same
         await asyncio.get_running_loop().run_in_executor(None, worker.close)
+        self.warm()
 
     async def close(self) -> None:
-        """Kill every worker process, busy or idle (the runtime is stopping)."""
+        """Kill every worker process, busy, idle or starting (the runtime is stopping)."""
+        self._closed = True
+        if self._warming is not None:
+            self._warming.add_done_callback(_stop_unused)
+            self._warming = None
         self._idle.clear()
         workers, self._all = list(self._all), set()
         for worker in workers:
@@ -205,17 +229,23 @@ class ProcessPool:
         self._threads.shutdown(wait=False, cancel_futures=True)
 
 
+# A process that dies before its first answer most often could not even start.
+_STARTUP_HINT = (" before its first answer; its output says why (a script that declares"
+                 " the agent keeps its start-up under `if __name__ == \"__main__\":`)")
+
+
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, context: BaseContext) -> None:
+    def __init__(self, context: BaseContext, preload: tuple[FunctionRef, ...]) -> None:
         self.connection, child = context.Pipe()
         # daemon: at exit, multiprocessing stops it rather than waiting for it
-        self.process = context.Process(target=_serve, args=(child,),  # type: ignore[attr-defined]
-                                       name="sasflow-agent-process", daemon=True)
+        self.process = context.Process(  # type: ignore[attr-defined]
+            target=_serve, args=(child, preload), name="sasflow-agent-process", daemon=True)
         self.process.start()
         child.close()
         self.pid: int = self.process.pid
+        self.answered = 0  # calls it answered
         self.exitcode: int | None = None  # once closed
 
     def exchange(self, job: tuple[FunctionRef, Request, int]) -> tuple[str, Any]:
@@ -250,23 +280,25 @@ def _context() -> BaseContext:
 
 
 # ---------------------------------------------------------------- the worker process
-def _serve(connection: Connection) -> None:
+def _serve(connection: Connection, preload: tuple[FunctionRef, ...]) -> None:
     """A worker process's loop: one call at a time until the parent closes the pipe."""
     _die_with_parent()
     with contextlib.suppress(OSError):
         os.setsid()  # its own process group: killing it kills what it started
     from sasflow.agent import AgentRequest
 
-    functions: dict[FunctionRef, Callable[..., Any]] = {}
+    # loaded now, before any call waits for them; a failure is told at the first call
+    loaded: dict[FunctionRef, Callable[..., Any] | str] = {}
+    for ref in preload:
+        loaded[ref] = _load(ref)
     while True:
         try:
             ref, request, attempt = connection.recv()
         except (EOFError, OSError):
             return
-        try:
-            fn = functions.get(ref) or functions.setdefault(ref, ref.resolve())
-        except Exception as error:
-            connection.send((_UNLOADABLE, f"{type(error).__name__}: {error}"))
+        fn = loaded.get(ref) or loaded.setdefault(ref, _load(ref))
+        if isinstance(fn, str):
+            connection.send((_UNLOADABLE, fn))
             continue
         try:
             answer: tuple[str, Any] = (_RETURNED, fn(AgentRequest(request, attempt)))
@@ -276,6 +308,14 @@ def _serve(connection: Connection) -> None:
             connection.send(answer)
         except Exception as error:  # the result does not pickle: nothing was written
             connection.send((_UNSENDABLE, f"{type(error).__name__}: {error}"))
+
+
+def _load(ref: FunctionRef) -> Callable[..., Any] | str:
+    """The function, or why it cannot be loaded."""
+    try:
+        return ref.resolve()
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
 
 
 def _portable(error: BaseException) -> Exception:

@@ -17,13 +17,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from sasflow import App, Step
 from sasflow.agent import AgentFunction, AgentRequest, AgentRuntime
 from sasflow.errors import ConfigurationError, PermanentError
 from sasflow.isolation import FunctionRef, ProcessPool
-from sasflow.messages import Request
+from sasflow.messages import Request, decode_reply
 from sasflow.model import Phase, TaskState, idempotency_key
 from sasflow.resilience import RetryPolicy
 
@@ -59,6 +60,10 @@ def ship_after_a_child(req: AgentRequest) -> None:
 
 def whoami(req: AgentRequest) -> int:
     return os.getpid()
+
+
+def unship(req: AgentRequest) -> dict[str, Any]:
+    return {"recalled": req.result, "by": os.getpid()}
 
 
 def refuse(req: AgentRequest) -> None:
@@ -211,6 +216,27 @@ class _Recording:
         return False
 
     async def close(self) -> None: ...
+
+
+async def test_a_compensator_of_a_process_agent_runs_in_a_worker_process_too(
+        tmp_path: Path) -> None:
+    """The agent's isolation holds for its undo as well: it sees the step's result."""
+    declared = AgentFunction(name="shipping", handler=ship, isolation="process")
+    declared.compensator(unship)
+    replies = _Recording()
+    runtime = AgentRuntime(replies, [declared])
+    serving = asyncio.create_task(runtime.run())
+    try:
+        undo = msgspec.structs.replace(request(tmp_path), phase=Phase.UNDO,
+                                       result={"shipped": "order-7"})
+        await runtime.handle(declared, undo)
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    [reply] = [decode_reply(body) for body in replies.published]
+    assert (reply.ok, reply.phase) == (True, Phase.UNDO)
+    assert reply.result["recalled"] == {"shipped": "order-7"}
+    assert reply.result["by"] != os.getpid()
 
 
 # ------------------------------------------------------------ end to end, process vs thread
