@@ -9,7 +9,14 @@ service with retries and a circuit breaker, all before the step's complete-by
 - transient failures until the attempts run out -> a "gave up" reply, so the
   failure is counted now rather than at the deadline;
 - the complete-by passes -> it stops and sends NOTHING, not even an error (S5):
-  another instance may already be running the step again.
+  another instance may already be running the step again. An `async def` is
+  cancelled; a sync function in a thread cannot be (its result is dropped), one
+  in a worker process (`isolation="process"`, isolation.py) is killed.
+
+The function runs once per delivery of a request (R3): nothing after the call
+makes the request come again. A result over the transport's message limit, or
+without a JSON form, is a permanent error reply naming why; a reply the
+transport refuses until the complete-by is logged once and dropped.
 """
 
 from __future__ import annotations
@@ -238,6 +245,7 @@ class AgentRuntime:
 
     @staticmethod
     def _refusal(request: Request, error: str) -> Reply:
+        """The permanent error reply that stands for a result that cannot be sent."""
         log.error("%s/%s: %s", request.task_id, request.step, error)
         return Reply(task_id=request.task_id, step=request.step, phase=request.phase,
                      epoch=request.epoch, ok=False, permanent=True, error=error)
@@ -258,6 +266,10 @@ class AgentRuntime:
                     log.error("%s/%s: reply not sent, the step will be recovered after its"
                               " complete-by: %s", request.task_id, request.step, error)
                     return
+            except Exception:  # not a transport fault: trying again would not help
+                log.exception("%s/%s: reply not sent, the step will be recovered after its"
+                              " complete-by", request.task_id, request.step)
+                return
             await asyncio.sleep(pause)
             pause = min(pause * 2, _MAX_SEND_PAUSE)
 
