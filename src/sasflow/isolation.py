@@ -25,7 +25,8 @@ What it asks of the agent:
 
 Worker processes come from multiprocessing's forkserver (spawn where there is
 none): never a fork of the running worker with its threads, connections and
-locks. On Linux a worker process also dies with the process that started it.
+locks. A worker process also dies with the agent's process, however that ends
+(a lifeline pipe), so a SIGKILLed worker leaves no hung call behind.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -239,11 +241,15 @@ class _Worker:
 
     def __init__(self, context: BaseContext, preload: tuple[FunctionRef, ...]) -> None:
         self.connection, child = context.Pipe()
+        # never written: it closes when this process ends, however it ends
+        lifeline, self._lifeline = context.Pipe(duplex=False)
         # daemon: at exit, multiprocessing stops it rather than waiting for it
         self.process = context.Process(  # type: ignore[attr-defined]
-            target=_serve, args=(child, preload), name="sasflow-agent-process", daemon=True)
+            target=_serve, args=(child, lifeline, preload), name="sasflow-agent-process",
+            daemon=True)
         self.process.start()
         child.close()
+        lifeline.close()
         self.pid: int = self.process.pid
         self.answered = 0  # calls it answered
         self.exitcode: int | None = None  # once closed
@@ -264,6 +270,7 @@ class _Worker:
         self.process.join()
         self.exitcode = self.process.exitcode
         self.connection.close()
+        self._lifeline.close()
         self.process.close()
 
 
@@ -280,11 +287,13 @@ def _context() -> BaseContext:
 
 
 # ---------------------------------------------------------------- the worker process
-def _serve(connection: Connection, preload: tuple[FunctionRef, ...]) -> None:
-    """A worker process's loop: one call at a time until the parent closes the pipe."""
-    _die_with_parent()
+def _serve(connection: Connection, lifeline: Connection,
+           preload: tuple[FunctionRef, ...]) -> None:
+    """A worker process's loop: one call at a time until the agent closes the pipe."""
     with contextlib.suppress(OSError):
         os.setsid()  # its own process group: killing it kills what it started
+    threading.Thread(target=_die_with_the_agent, args=(lifeline,), daemon=True,
+                     name="sasflow-lifeline").start()
     from sasflow.agent import AgentRequest
 
     # loaded now, before any call waits for them; a failure is told at the first call
@@ -328,15 +337,19 @@ def _portable(error: BaseException) -> Exception:
     return kind(f"{type(error).__name__}: {error}")
 
 
-def _die_with_parent() -> None:
-    """On Linux, be killed when the parent (the forkserver) ends: it ends with the
-    worker that uses it, and a hung call must not outlive that worker."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+def _die_with_the_agent(lifeline: Connection) -> None:
+    """Kill this process (and its group) once the agent's process is gone.
 
-    parent = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it ended before the request took hold
-        os._exit(1)
+    An agent process killed with SIGKILL cannot kill its calls; a hung call left
+    running would apply its effect after its deadline. The lifeline's other end
+    lives only in the agent's process, so it reads end-of-file when that process
+    ends, however it ends. (The forkserver, this process's parent, outlives the
+    agent while any of its children runs, so a parent-death signal would not do.)
+    """
+    with contextlib.suppress(EOFError, OSError):
+        lifeline.recv_bytes()
+    me = os.getpid()
+    with contextlib.suppress(OSError):
+        if os.getpgid(0) == me:  # the group it leads: itself and what the call started
+            os.killpg(me, signal.SIGKILL)
+    os.kill(me, signal.SIGKILL)
