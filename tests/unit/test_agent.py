@@ -393,7 +393,7 @@ async def test_a_reply_that_cannot_be_sent_does_not_run_the_request_again(
     serving = asyncio.create_task(runtime.run())
     try:
         with caplog.at_level(logging.ERROR, logger="sasflow.agent"):
-            await transport.publish(agent_queue("payments"), encode(request(within=0.3)))
+            await transport.publish(agent_queue("payments"), encode(request(within=2.0)))
             async with asyncio.timeout(10):
                 while not any("reply not sent" in r.message for r in caplog.records):
                     await asyncio.sleep(0.01)
