@@ -28,6 +28,7 @@ from sasflow.errors import (
     UnknownWorkflowError,
     WaitTimeout,
 )
+from sasflow.isolation import Isolation
 from sasflow.messages import Status, decode_status, encode_json_value
 from sasflow.model import Task, TaskState, idempotency_key
 from sasflow.plan import Plan
@@ -44,6 +45,8 @@ from sasflow.workflow import Step, Workflow
 __all__ = ["App"]
 
 DEFAULT_STORE = "sqlite:///sasflow.db"
+_DEFAULT_CONCURRENCY = 256  # an agent's calls at once, on the loop or in threads
+_DEFAULT_PROCESSES = 8  # ... in worker processes, each one a Python process
 _MAX_TASK_ID = 200
 
 
@@ -85,9 +88,16 @@ class App:
     # ------------------------------------------------------------ declarations
     def agent(self, name: str, *, attempts: int = 10, initial_wait: float = 0.05,
               max_wait: float = 2.0, failure_threshold: int = 5, reset_timeout: float = 5.0,
-              concurrency: int = 256) -> Callable[[Callable[[AgentRequest], Any]],
-                                                  AgentFunction]:
-        """Declare an agent: the function that calls one remote service (S3)."""
+              concurrency: int | None = None, isolation: Isolation = "thread"
+              ) -> Callable[[Callable[[AgentRequest], Any]], AgentFunction]:
+        """Declare an agent: the function that calls one remote service (S3).
+
+        `isolation` says where a sync function runs: "thread" (the default; at the
+        complete-by its result is dropped, but the call cannot be stopped) or
+        "process" (each call in a worker process, killed at the complete-by; the
+        function must be defined at the top level of a module). `concurrency`
+        bounds the calls at once: 256 in threads, 8 worker processes by default.
+        """
         if not name or not isinstance(name, str):
             raise ConfigurationError(f"agent name must be a non-empty string, got {name!r}")
         if name in self.agents:
@@ -98,9 +108,11 @@ class App:
             raise ConfigurationError(f"agent {name!r}: {error}", agent=name) from None
 
         def declare(fn: Callable[[AgentRequest], Any]) -> AgentFunction:
-            declared = AgentFunction(name=name, handler=fn, retry=policy,
-                                     failure_threshold=failure_threshold,
-                                     reset_timeout=reset_timeout, concurrency=concurrency)
+            declared = AgentFunction(
+                name=name, handler=fn, retry=policy, failure_threshold=failure_threshold,
+                reset_timeout=reset_timeout, isolation=isolation,
+                concurrency=concurrency if concurrency is not None else (
+                    _DEFAULT_PROCESSES if isolation == "process" else _DEFAULT_CONCURRENCY))
             self.agents[name] = declared
             return declared
 
