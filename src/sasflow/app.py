@@ -123,7 +123,8 @@ class App:
         return {name: Plan(wf, compensable) for name, wf in self.workflows.items()}
 
     def on_alert(self, callback: Callable[[Alert], None]) -> Callable[[Alert], None]:
-        """Call `callback` with each operator alert raised in this process (E8)."""
+        """Call `callback` with each operator alert raised in this process: a task's move
+        to error (E8), or an incident its supervisor raised (R4; no task id)."""
         self._alert_callbacks.append(callback)
         return callback
 
@@ -328,7 +329,7 @@ class App:
         return Worker(self, roles=roles, agents=agents, concurrency=concurrency,
                       supervisor_interval=supervisor_interval,
                       instance_id=instance_id or default_instance_id(),
-                      on_applied=self._applied)
+                      on_applied=self._applied, on_alert=self._alerted)
 
     async def arun(self, **options: Any) -> None:
         """Run scheduler, agents and supervisor in this event loop until cancelled."""
@@ -395,13 +396,16 @@ class App:
         self.stop()
 
     # ------------------------------------------------------------ in-process signals
+    def _alerted(self, alert: Alert) -> None:
+        """An alert raised in this process: a task's (E8) or an incident's (R4)."""
+        for callback in self._alert_callbacks:
+            callback(alert)
+
     def _applied(self, transition: Transition) -> None:
         if transition.alert:
-            alert = Alert(id=0, task_id=transition.task_id, at=self.store.now(),
-                          message=transition.alert, step=transition.alert_step,
-                          agent=transition.alert_agent)
-            for callback in self._alert_callbacks:
-                callback(alert)
+            self._alerted(Alert(id=0, task_id=transition.task_id, at=self.store.now(),
+                                message=transition.alert, step=transition.alert_step,
+                                agent=transition.alert_agent))
         if transition.state in (TaskState.PENDING, TaskState.COMPENSATING) and (
                 transition.locked_by is None):
             self._wake_schedulers()

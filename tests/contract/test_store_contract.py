@@ -756,7 +756,8 @@ async def test_an_incident_is_one_alert_until_resolved(store: Store, clock: Cloc
     await store.claim("s1", 1, {"slow": PLANS["slow"]})
     census = await store.census()
     assert census.versions == {("order", ORDER.version): 2, ("slow", SLOW.version): 1}
-    assert census.agents == {"inventory": 3}
+    assert census.agents == {("order", ORDER.version, "inventory"): 2,
+                             ("slow", SLOW.version, "inventory"): 1}
     incident = Alert(id=0, task_id=None, at=0.0, message="2 tasks of order", agent=None,
                      incident=f"workflow:order@{ORDER.version}", count=2)
     await store.report_incidents([incident], [])

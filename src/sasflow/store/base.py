@@ -71,11 +71,11 @@ class Alert(msgspec.Struct, kw_only=True):
 
 
 class Census(msgspec.Struct, kw_only=True):
-    """What unfinished tasks need: how many of each (workflow, version), and how many
-    are at a unit of each agent."""
+    """What unfinished tasks need: how many of each (workflow, version), and of those
+    how many are at a unit of each agent ((workflow, version, agent) -> count)."""
 
     versions: dict[tuple[str, str | None], int]
-    agents: dict[str, int]
+    agents: dict[tuple[str, str | None, str], int]
 
 
 class Instance(msgspec.Struct, kw_only=True):

@@ -451,7 +451,8 @@ class PostgresStore:
     async def census(self) -> Census:
         versions = await self._fetchall(q.CENSUS_VERSIONS, ())
         agents = await self._fetchall(q.CENSUS_AGENTS, ())
-        return Census(versions={(w, v): n for w, v, n in versions}, agents=dict(agents))
+        return Census(versions={(w, v): n for w, v, n in versions},
+                      agents={(w, v, a): n for w, v, a, n in agents})
 
     async def incidents(self) -> list[Alert]:
         return [alert_from_row(row) for row in await self._fetchall(q.SELECT_OPEN_INCIDENTS, ())]

@@ -125,10 +125,10 @@ GROUP BY workflow, version
 """
 
 CENSUS_AGENTS = """
-SELECT s.agent, COUNT(*) FROM tasks t
+SELECT t.workflow, t.version, s.agent, COUNT(*) FROM tasks t
 JOIN steps s ON s.task_id = t.task_id AND s.phase = 'do' AND s.idx = t.cursor
 WHERE t.state IN ('pending', 'processing', 'compensating')
-GROUP BY s.agent
+GROUP BY t.workflow, t.version, s.agent
 """
 
 SELECT_OPEN_INCIDENTS = f"""

@@ -232,7 +232,7 @@ class SQLiteStore:
     async def census(self) -> Census:
         def read(conn: sqlite3.Connection) -> Census:
             versions = {(w, v): n for w, v, n in conn.execute(sql.CENSUS_VERSIONS)}
-            agents = dict(conn.execute(sql.CENSUS_AGENTS).fetchall())
+            agents = {(w, v, a): n for w, v, a, n in conn.execute(sql.CENSUS_AGENTS)}
             return Census(versions=versions, agents=agents)
 
         result: Census = await self._read(read)
