@@ -192,7 +192,8 @@ class App:
                                f" {self.max_payload_bytes} bytes", task_id=task_id)
         return NewTask(task_id=task_id, workflow=workflow, input_json=body, reply_to=reply_to,
                        steps=[(s.name, s.agent, idempotency_key(task_id, s.name))
-                              for s in declared.steps])
+                              for s in declared.steps],
+                       version=declared.version)  # only workers of this version run it
 
     async def asubmit(self, workflow: str, input: Any = None, *, task_id: str | None = None,
                       reply_to: str | None = None, connection: Any = None) -> str:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psycopg
 
-from conftest import FakeClock, postgres_schema
 from sasflow.model import TaskState
 from sasflow.plan import Plan
 from sasflow.store import open_store
@@ -35,7 +34,7 @@ def _scripts(dialect: str, before: str) -> list[str]:
 
 
 async def _claims_it(url: str) -> None:
-    store = open_store(url, clock=FakeClock())
+    store = open_store(url, clock=lambda: 1_700_000_000.0)
     try:
         task = await store.get("t-1")
         assert task is not None and task.version == WORKFLOW.version
@@ -64,9 +63,10 @@ async def test_sqlite_tasks_of_the_previous_schema_get_their_version(tmp_path: P
     await _claims_it(f"sqlite:///{path}")
 
 
-async def test_postgres_tasks_of_the_previous_schema_get_their_version(tmp_path: Path) -> None:
+async def test_postgres_tasks_of_the_previous_schema_get_their_version(
+        postgres_url: str) -> None:
     """PostgreSQL: the same."""
-    url = postgres_schema(tmp_path)
+    url = postgres_url
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE schema_migrations (version text PRIMARY KEY,"
                      " applied_at double precision NOT NULL)")

@@ -455,7 +455,8 @@ class PostgresStore:
                       agents={(w, v, a): n for w, v, a, n in agents})
 
     async def incidents(self) -> list[Alert]:
-        return [alert_from_row(row) for row in await self._fetchall(q.SELECT_OPEN_INCIDENTS, ())]
+        rows = await self._fetchall(q.SELECT_OPEN_INCIDENTS, ())
+        return sorted((alert_from_row(row) for row in rows), key=lambda a: a.id)
 
     async def report_incidents(self, raised: Collection[Alert], resolved: Collection[str]
                                ) -> None:

@@ -131,9 +131,9 @@ WHERE t.state IN ('pending', 'processing', 'compensating')
 GROUP BY t.workflow, t.version, s.agent
 """
 
+# (unordered: with ORDER BY id SQLite scans every alert rather than use alerts_open)
 SELECT_OPEN_INCIDENTS = f"""
 SELECT {ALERT_COLUMNS} FROM alerts WHERE incident IS NOT NULL AND resolved_at IS NULL
-ORDER BY id
 """
 
 RESOLVE_INCIDENT = """
@@ -189,13 +189,12 @@ def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
 
-def probe_claimable(shapes: int) -> str:
-    """Is anything claimable, of these (workflow, version) pairs? (2 parameters each)."""
-    which = " OR ".join(["(workflow = ? AND version = ?)"] * shapes)
-    return f"""
+# Is anything of this workflow version claimable? One index probe of tasks_claimable
+# per version a scheduler declares (OR-ed together, SQLite would walk tasks_state).
+PROBE_CLAIMABLE = """
 SELECT 1 FROM tasks
-WHERE locked_by IS NULL AND state IN ('pending', 'compensating') AND available_at <= ?
-  AND ({which})
+WHERE workflow = ? AND version = ? AND available_at <= ?
+  AND locked_by IS NULL AND state IN ('pending', 'compensating')
 LIMIT 1
 """
 

@@ -173,11 +173,9 @@ class SQLiteStore:
         shapes = [(name, plan.workflow.version) for name, plan in plans.items()]
         if not shapes or limit <= 0:
             return []
-        probe = sql.probe_claimable(len(shapes))
-        now = self.now()
-        found = self._reader().execute(
-            probe, (now, *(v for shape in shapes for v in shape))).fetchone()  # an index probe
-        if found is None:  # nothing to do: do not take the write lock at all
+        now, reader = self.now(), self._reader()
+        if not any(reader.execute(sql.PROBE_CLAIMABLE, (name, version, now)).fetchone()
+                   for name, version in shapes):  # nothing to do: no write lock at all
             return []
 
         def job(conn: sqlite3.Connection) -> list[Task]:
@@ -240,7 +238,7 @@ class SQLiteStore:
 
     async def incidents(self) -> list[Alert]:
         rows = await self._read(lambda c: c.execute(sql.SELECT_OPEN_INCIDENTS).fetchall())
-        return [alert_from_row(row) for row in rows]
+        return sorted((alert_from_row(row) for row in rows), key=lambda a: a.id)
 
     async def report_incidents(self, raised: Collection[Alert], resolved: Collection[str]
                                ) -> None:
