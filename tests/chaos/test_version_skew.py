@@ -124,6 +124,10 @@ def test_tasks_of_an_unknown_workflow_raise_one_alert_and_hold_up_no_recovery(
     renamed.close()
     assert len(incident_alerts(cluster, incident)) == 1
     assert cluster.states()["processing"] == 1100  # left as they were, never swept
-    mentions = [line for line in survivor.log.read_text().splitlines()
-                if "pipeline-v0" in line or "gone-" in line]
+    log = survivor.log.read_text().splitlines()
+    mentions = [line for line in log if "pipeline-v0" in line or "gone-" in line]
     assert len(mentions) == 1, mentions
+    # recovered at their first expiry, in a sweep or two, never waiting behind the others
+    recoveries = [line for line in log if "recovered" in line]
+    assert 1 <= len(recoveries) <= 2, recoveries
+    assert {state[2] for task, state in cluster.tasks().items() if task.startswith("k")} == {1}
