@@ -79,7 +79,8 @@ def tasks_table(tasks: Sequence[Task]) -> str:
 
 def task_detail(task: Task) -> str:
     """The task's record, then one row per step with its compensation's state."""
-    fields = [("task", task.task_id), ("workflow", task.workflow), ("state", task.state.value),
+    fields = [("task", task.task_id), ("workflow", task.workflow),
+              ("version", _text(task.version)), ("state", task.state.value),
               ("error", _text(task.error, None)), ("failures", str(task.failure_count)),
               ("locked by", _text(task.locked_by)), ("complete by", _when(task.complete_by)),
               ("epoch", str(task.epoch)), ("reply to", _text(task.reply_to)),
