@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sasflow.agent import AgentFunction, AgentRequest
@@ -31,7 +32,7 @@ from sasflow.errors import (
 from sasflow.isolation import Isolation
 from sasflow.messages import Status, decode_status, encode_json_value
 from sasflow.model import Task, TaskState, idempotency_key
-from sasflow.plan import Plan
+from sasflow.plan import Plan, task_version
 from sasflow.portal import Portal, refuse_inside_a_loop
 from sasflow.resilience import RetryPolicy
 from sasflow.store import Store, open_store
@@ -42,12 +43,24 @@ from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES
 from sasflow.worker import ROLES, Worker
 from sasflow.workflow import Step, Workflow
 
-__all__ = ["App"]
+__all__ = ["App", "Migration"]
 
 DEFAULT_STORE = "sqlite:///sasflow.db"
 _DEFAULT_CONCURRENCY = 256  # an agent's calls at once, on the loop or in threads
 _DEFAULT_PROCESSES = 8  # ... in worker processes, each one a Python process
 _MAX_TASK_ID = 200
+_ALL = 2**31 - 1  # every task of a listing
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """What `App.migrate` did, or (dry run) would do, with one task."""
+
+    task_id: str
+    from_version: str
+    to_version: str
+    migrated: bool  # done (or possible, in a dry run)
+    refused: str | None  # why not, in one line
 
 
 def new_task_id() -> str:
@@ -135,7 +148,8 @@ class App:
         return {name: Plan(wf, compensable) for name, wf in self.workflows.items()}
 
     def on_alert(self, callback: Callable[[Alert], None]) -> Callable[[Alert], None]:
-        """Call `callback` with each operator alert raised in this process (E8)."""
+        """Call `callback` with each operator alert raised in this process: a task's move
+        to error (E8), or an incident its supervisor raised (R4; no task id)."""
         self._alert_callbacks.append(callback)
         return callback
 
@@ -190,7 +204,8 @@ class App:
                                f" {self.max_payload_bytes} bytes", task_id=task_id)
         return NewTask(task_id=task_id, workflow=workflow, input_json=body, reply_to=reply_to,
                        steps=[(s.name, s.agent, idempotency_key(task_id, s.name))
-                              for s in declared.steps])
+                              for s in declared.steps],
+                       version=declared.version)  # only workers of this version run it
 
     async def asubmit(self, workflow: str, input: Any = None, *, task_id: str | None = None,
                       reply_to: str | None = None, connection: Any = None) -> str:
@@ -324,6 +339,50 @@ class App:
     async def acancel(self, task_id: str) -> Task:
         return await self._operate(task_id, lambda p, t, now: p.cancel(t, now))
 
+    async def amigrate(self, workflow: str, *, from_version: str | None = None,
+                       dry_run: bool = False) -> list[Migration]:
+        """Move the pending and error tasks of other versions of `workflow` (or of
+        `from_version` only) onto the version declared here, each where it is
+        provably safe (plan.Plan.migrate), fenced like every operator action.
+
+        Returns what became of each task, oldest first; with `dry_run` nothing is
+        written and each says what would be done. Tasks being run are left to the
+        workers of their own version.
+        """
+        plan = self.plans().get(workflow)
+        if plan is None:
+            known = ", ".join(sorted(self.workflows)) or "none"
+            raise UnknownWorkflowError(f"unknown workflow {workflow!r} (declared: {known})")
+        target = plan.workflow.version
+        if from_version == target:
+            raise InvalidTransitionError(f"version {target} is the one this application"
+                                         f" declares for {workflow!r}: nothing to migrate")
+        done = []
+        for state in (TaskState.PENDING, TaskState.ERROR):
+            for found in await self.store.list_tasks(state=state, workflow=workflow,
+                                                     limit=_ALL):
+                if found.version == target or from_version not in (None, found.version):
+                    continue
+                done.append(await self._migrate_one(plan, found.task_id, dry_run))
+        return done
+
+    async def _migrate_one(self, plan: Plan, task_id: str, dry_run: bool) -> Migration:
+        task = await self.aget(task_id)
+        old = task_version(task)
+        try:
+            if dry_run:
+                plan.migrate(task, self.store.now())
+            else:
+                await self._operate(task_id, lambda p, t, now: plan.migrate(t, now))
+        except InvalidTransitionError as refused:
+            return Migration(task_id, old, plan.workflow.version, False, str(refused))
+        return Migration(task_id, old, plan.workflow.version, True, None)
+
+    def migrate(self, workflow: str, *, from_version: str | None = None,
+                dry_run: bool = False) -> list[Migration]:
+        return self._portal.call(self.amigrate(workflow, from_version=from_version,
+                                               dry_run=dry_run))
+
     def retry(self, task_id: str, step: str | None = None) -> Task:
         return self._portal.call(self.aretry(task_id, step))
 
@@ -340,7 +399,7 @@ class App:
         return Worker(self, roles=roles, agents=agents, concurrency=concurrency,
                       supervisor_interval=supervisor_interval,
                       instance_id=instance_id or default_instance_id(),
-                      on_applied=self._applied)
+                      on_applied=self._applied, on_alert=self._alerted)
 
     async def arun(self, **options: Any) -> None:
         """Run scheduler, agents and supervisor in this event loop until cancelled."""
@@ -407,13 +466,16 @@ class App:
         self.stop()
 
     # ------------------------------------------------------------ in-process signals
+    def _alerted(self, alert: Alert) -> None:
+        """An alert raised in this process: a task's (E8) or an incident's (R4)."""
+        for callback in self._alert_callbacks:
+            callback(alert)
+
     def _applied(self, transition: Transition) -> None:
         if transition.alert:
-            alert = Alert(id=0, task_id=transition.task_id, at=self.store.now(),
-                          message=transition.alert, step=transition.alert_step,
-                          agent=transition.alert_agent)
-            for callback in self._alert_callbacks:
-                callback(alert)
+            self._alerted(Alert(id=0, task_id=transition.task_id, at=self.store.now(),
+                                message=transition.alert, step=transition.alert_step,
+                                agent=transition.alert_agent))
         if transition.state in (TaskState.PENDING, TaskState.COMPENSATING) and (
                 transition.locked_by is None):
             self._wake_schedulers()

@@ -99,6 +99,12 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture
+def postgres_url(tmp_path: Path) -> str:
+    """The URL of a new empty schema of the local PostgreSQL (see postgres_schema)."""
+    return postgres_schema(tmp_path)
+
+
 @pytest.fixture(params=sorted(STORES))
 async def make_store(request: pytest.FixtureRequest,
                      tmp_path: Path) -> AsyncIterator[StoreFactory]:

@@ -56,7 +56,7 @@ from sasflow.errors import ConfigurationError, StoreError
 from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
 from sasflow.store import pg_sql as q
-from sasflow.store.base import Alert, HistoryEntry, Instance, NewTask, OutboxMessage
+from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.pg_commit import GroupCommit
 from sasflow.store.pg_write import (
     Outcome,
@@ -68,11 +68,15 @@ from sasflow.store.pg_write import (
     written,
 )
 from sasflow.store.rows import (
+    alert_from_row,
     attach_steps,
     check_legal,
+    claim_transition,
+    incident_params,
     instance_from_row,
     instance_params,
     task_from_row,
+    versions_of,
 )
 from sasflow.transition import Transition
 
@@ -373,8 +377,9 @@ class PostgresStore:
 
     # ------------------------------------------------------------ scheduler
     async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
-        names = list(plans)
-        if not names or limit <= 0:
+        # only the versions declared here (R4): (workflow, version) of each plan
+        shapes = [(name, plan.workflow.version) for name, plan in plans.items()]
+        if not shapes or limit <= 0:
             return []
 
         token = new_token()
@@ -384,18 +389,21 @@ class PostgresStore:
             now = self.now()
             rows: list[tuple[Any, ...]] = []
             async with conn.cursor() as cur:
-                for name in names:
-                    await cur.execute(q.SELECT_CLAIMABLE, (name, now, limit))
+                for name, version in shapes:
+                    await cur.execute(q.SELECT_CLAIMABLE, (name, version, now, limit))
                     rows.extend(await cur.fetchall())
             if not rows:  # nothing written: no WAL flush at commit
                 return []
-            if len(names) > 1:  # the earliest runnable first, whatever their workflow;
+            if len(shapes) > 1:  # the earliest runnable first, whatever their workflow;
                 # the rows left over are unlocked again at commit
                 rows = sorted(rows, key=lambda row: row[8])[:limit]
             tasks = await _tasks_with_steps(conn, rows)
+            planned = [(task, claim_transition(plans[task.workflow], task, owner, now))
+                       for task in tasks]
+            tasks = [task for task, transition in planned if transition is not None]
+            transitions = [transition for _, transition in planned if transition is not None]
             locked[:] = [task.task_id for task in tasks]
-            transitions = [plans[task.workflow].claim(task, owner, now) for task in tasks]
-            applied = await write_batch(conn, transitions, token, now)
+            applied = await write_batch(conn, transitions, token, now) if transitions else []
             return [task for task, ok in zip(tasks, applied, strict=True) if ok is True]
 
         async def claim_here() -> list[Task]:
@@ -418,16 +426,49 @@ class PostgresStore:
         return await self._group_commit(transition)
 
     # ------------------------------------------------------------ supervisor
-    async def expired(self, limit: int) -> list[Task]:
+    async def expired(self, limit: int, workflows: Collection[str] | None = None
+                      ) -> list[Task]:
+        names = None if workflows is None else list(workflows)
+
         async def job(conn: psycopg.AsyncConnection[Any]) -> list[Task]:
-            cur = await conn.execute(q.SELECT_EXPIRED, (self.now(), limit))
+            now = self.now()
+            if names is None:
+                cur = await conn.execute(q.SELECT_EXPIRED, (now, limit))
+            else:
+                cur = await conn.execute(q.SELECT_EXPIRED_OF, (names, now, limit, limit))
             return _tasks_and_their_steps(await cur.fetchall())
 
         return await self._at_home(lambda: self._run(job, transaction=False))
 
-    async def next_expiry(self) -> float | None:
-        row = await self._fetchone(q.NEXT_EXPIRY, ())
+    async def next_expiry(self, workflows: Collection[str] | None = None) -> float | None:
+        if workflows is None:
+            row = await self._fetchone(q.NEXT_EXPIRY, ())
+        else:
+            row = await self._fetchone(q.NEXT_EXPIRY_OF, (list(workflows),))
         return None if row is None or row[0] is None else float(row[0])
+
+    # ------------------------------------------------------------ incidents (R4)
+    async def census(self) -> Census:
+        versions = await self._fetchall(q.CENSUS_VERSIONS, ())
+        agents = await self._fetchall(q.CENSUS_AGENTS, ())
+        return Census(versions={(w, v): n for w, v, n in versions},
+                      agents={(w, v, a): n for w, v, a, n in agents})
+
+    async def incidents(self) -> list[Alert]:
+        rows = await self._fetchall(q.SELECT_OPEN_INCIDENTS, ())
+        return sorted((alert_from_row(row) for row in rows), key=lambda a: a.id)
+
+    async def report_incidents(self, raised: Collection[Alert], resolved: Collection[str]
+                               ) -> None:
+        async def job(conn: psycopg.AsyncConnection[Any]) -> None:
+            now = self.now()
+            for incident in [*resolved, *(a.incident for a in raised)]:
+                await conn.execute(q.RESOLVE_INCIDENT, {"now": now, "incident": incident})
+            for alert in raised:
+                await conn.execute(q.INSERT_INCIDENT, incident_params(alert, now))
+
+        if raised or resolved:  # repeated after a lost commit: at worst an alert twice
+            await self._at_home(lambda: self._run(job))
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
         async def job(conn: psycopg.AsyncConnection[Any]) -> tuple[Any, ...] | None:
@@ -482,8 +523,7 @@ class PostgresStore:
 
     async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]:
         rows = await self._fetchall(q.SELECT_ALERTS, (after, limit))
-        return [Alert(id=r[0], task_id=r[1], step=r[2], agent=r[3], at=r[4], message=r[5])
-                for r in rows]
+        return [alert_from_row(row) for row in rows]
 
     async def _fetchall(self, statement: str, params: Sequence[Any] | Mapping[str, Any]
                         ) -> list[tuple[Any, ...]]:
@@ -618,6 +658,9 @@ def _scripts() -> list[tuple[str, str]]:
     return sorted((f.name, f.read_text()) for f in folder.iterdir() if f.name.endswith(".sql"))
 
 
+_VERSIONS_MIGRATION = "0004_versions.sql"  # tasks gained a version column
+
+
 def _migrate(conn: psycopg.Connection[Any], create: bool) -> None:
     """Apply the packaged migrations this database has not seen, in order, atomically.
 
@@ -636,6 +679,10 @@ def _migrate(conn: psycopg.Connection[Any], create: bool) -> None:
         conn.execute(q.CREATE_MIGRATIONS)
         for name, script in _pending(conn):  # again: another may have just finished
             conn.execute(script.encode())  # no parameters: several statements
+            if name == _VERSIONS_MIGRATION:  # tasks written before get their version
+                with conn.cursor() as cur:
+                    cur.executemany(q.SET_VERSION, versions_of(
+                        conn.execute(q.SELECT_UNVERSIONED).fetchall()))
             conn.execute(q.INSERT_MIGRATION, (name, time.time()))
 
 
