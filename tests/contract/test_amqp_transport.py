@@ -277,25 +277,36 @@ async def test_a_killed_consumers_unacked_bundle_goes_whole_to_another_consumer(
         assert set(got) | handled == set(sent)
 
 
-async def test_a_malformed_bundle_is_dropped_and_consuming_goes_on(
+async def test_a_malformed_bundle_is_dead_lettered_at_once_and_consuming_goes_on(
         transports: Callable[..., Transport], own_queue: str,
         broker: AbstractRobustConnection) -> None:
-    """A message marked as a bundle that does not decode is logged and acked (handing it
-    out again would not help); the messages after it are handled."""
-    transport = transports()
+    """A message marked as a bundle that does not decode goes to the dead-letter exchange
+    on its first delivery (handing it out again would not help); the messages after it
+    are handled."""
+    dead_letters = f"amqp-test.{uuid.uuid4().hex[:12]}.dead-letters"
+    transport = transports(f"{URL}&dead_letters={dead_letters}")
     await transport.publish(own_queue, b"declares the queue")
     channel = await broker.channel()
     await channel.default_exchange.publish(
         aio_pika.Message(b"\xc1 not msgpack", content_type=BUNDLE_TYPE,
                          delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
         routing_key=own_queue)
-    await channel.close()
     await transport.publish(own_queue, b"after")
-    async with consuming(transport, own_queue, prefetch=4) as got:
-        await until(lambda: b"after" in got)
-        await asyncio.sleep(0.1)
-        assert got == [b"declares the queue", b"after"]
-    assert await message_count(broker, own_queue) == 0
+    try:
+        async with consuming(transport, own_queue, prefetch=4) as got:
+            await until(lambda: b"after" in got)
+            async with asyncio.timeout(10):
+                while not (letters := await transport.dead_letters()):
+                    await asyncio.sleep(0.02)
+            assert got == [b"declares the queue", b"after"]
+        assert [(d.queue, d.deliveries, d.body) for d in letters] == [
+            (own_queue, 1, b"\xc1 not msgpack")]
+        assert letters[0].reason.startswith("MalformedMessage: not a bundle")
+        assert await message_count(broker, own_queue) == 0
+    finally:
+        await channel.queue_delete(dead_letters)
+        await channel.exchange_delete(dead_letters)
+        await channel.close()
 
 
 async def test_publish_returns_only_once_the_broker_confirmed(
