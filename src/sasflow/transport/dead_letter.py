@@ -28,7 +28,7 @@ import msgspec
 
 from sasflow.errors import ConfigurationError, PayloadError
 
-__all__ = ["DEFAULT_POLICY", "DeadLetter", "DeadLetterBox", "DeliveryPolicy",
+__all__ = ["DEFAULT_POLICY", "DeadLetter", "DeadLetterBox", "DeadLetterReader", "DeliveryPolicy",
            "ListBox", "MalformedMessage", "decoded", "describe", "log_dead_letter", "new_letter_id",
            "policy_from_query"]
 
@@ -130,10 +130,8 @@ def log_dead_letter(logger: logging.Logger, letter: DeadLetter) -> None:
                  "y" if letter.deliveries == 1 else "ies", letter.reason, preview(letter.body))
 
 
-class DeadLetterBox(Protocol):
-    """Where dead letters are kept and read back (`sasflow dead-letters`)."""
-
-    async def add_dead_letter(self, letter: DeadLetter) -> None: ...
+class DeadLetterReader(Protocol):
+    """Where dead letters are read back (`sasflow dead-letters`): a transport or a store."""
 
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         """The oldest `limit` dead letters, oldest first."""
@@ -144,6 +142,12 @@ class DeadLetterBox(Protocol):
     async def purge_dead_letters(self) -> int:
         """Forget every dead letter; how many there were."""
         ...
+
+
+class DeadLetterBox(DeadLetterReader, Protocol):
+    """Where dead letters are kept (the store, for the in-process transport)."""
+
+    async def add_dead_letter(self, letter: DeadLetter) -> None: ...
 
 
 class ListBox:
