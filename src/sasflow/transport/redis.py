@@ -76,6 +76,7 @@ from sasflow.transport.dead_letter import (
     log_dead_letter,
     policy_from_query,
 )
+from sasflow.transport.outage import Outage
 from sasflow.transport.redis_batch import AutoPipeline
 
 __all__ = ["RedisTransport"]
@@ -92,6 +93,8 @@ _LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
 MAX_CONNECTIONS = 16  # per transport; publishes and acks, pipelined, use two of them at most
 POOL_TIMEOUT = 10.0  # seconds waiting for a free pooled connection before it counts as lost
+# How long a publish or an ack keeps retrying a lost connection (as RabbitMQ's publish).
+PATIENCE = 15.0
 
 # Put entries back: re-add each one still pending (XACK says so, so an entry
 # another consumer already acked is never duplicated) and drop the original.
@@ -210,15 +213,20 @@ class RedisTransport:
         return self.prefix + queue
 
     async def _retrying(self, op: Callable[[], Awaitable[_T]], what: str,
-                        attempts: int = 5) -> _T:
-        """Run `op`, retrying a lost connection with jittered backoff."""
+                        patience: float = PATIENCE) -> _T:
+        """Run `op`, retrying a lost connection with capped, jittered backoff for up to
+        `patience` seconds (a restarted Redis is back within it), quietly: the
+        consumers' Outage says the connection is lost, once."""
+        give_up = time.monotonic() + patience
         for attempt in itertools.count(1):
             try:
                 return await op()
             except _LOST as exc:
-                if attempt >= attempts:
+                pause = _backoff(attempt)
+                if time.monotonic() + pause > give_up:
                     raise TransportError(f"redis unreachable while {what}: {exc}") from exc
-                await asyncio.sleep(_backoff(attempt))
+                log.debug("redis unreachable while %s (%s); retrying", what, exc)
+                await asyncio.sleep(pause)
         raise AssertionError("unreachable")
 
     async def publish(self, queue: str, body: bytes) -> None:
@@ -268,9 +276,9 @@ class RedisTransport:
                 else:
                     await self._retrying(lambda: self._ack(key, entry_id),
                                          f"acking a message of {queue}")
-            except (TransportError, RedisError):
+            except (TransportError, RedisError) as exc:
                 # left pending: recovered after the visibility timeout
-                log.warning("could not settle a message of %s", queue, exc_info=True)
+                log.warning("could not settle a message of %s: %s", queue, exc)
             finally:
                 running.pop(entry_id, None)
                 room.set()
@@ -289,6 +297,7 @@ class RedisTransport:
         self._consumed[queue] = self._consumed.get(queue, 0) + 1
         interval = max(0.05, self.visibility_timeout / 3)
         next_sweep, failures, recover = 0.0, 0, False
+        outage = Outage(log, f"consuming {queue} from redis")
         beat = asyncio.ensure_future(self._heartbeat(key, consumer, running, interval))
         try:
             while True:
@@ -326,13 +335,13 @@ class RedisTransport:
                                           block=max(1, int(1000 * min(
                                               self.block_seconds, next_sweep - loop.time()))))))
                     failures = 0
+                    outage.recovered()
                     await start(entries, first=True)
                 except _LOST as exc:
                     _raise_if_cancelled()  # being stopped: not a reason to reconnect
                     failures += 1
                     recover = True
-                    log.warning("redis connection lost consuming %s (%s); reconnecting",
-                                queue, exc)
+                    outage.failed(exc)
                     await asyncio.sleep(_backoff(failures))
                 except ResponseError as exc:
                     if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
@@ -428,7 +437,7 @@ class RedisTransport:
 
     async def _reading(self, op: Callable[[], Awaitable[_T]]) -> _T:
         try:
-            return await self._retrying(op, "reading the dead letters")
+            return await self._retrying(op, "reading the dead letters", patience=2.0)
         except RedisError as error:
             raise TransportError(f"cannot read the dead letters: {error}") from error
 
@@ -452,13 +461,13 @@ class RedisTransport:
         try:
             pending = await self._retrying(
                 lambda: self._redis.xpending_range(key, GROUP, "-", "+", 10_000, consumer),
-                "leaving the consumer group", attempts=3)
+                "leaving the consumer group", patience=1.0)
             ids = [p["message_id"] for p in pending]
             if ids:
                 await self._retrying(lambda: self._requeue(keys=[key], args=[GROUP, *ids]),
-                                     "putting back messages", attempts=3)
+                                     "putting back messages", patience=1.0)
             await self._retrying(lambda: self._leave(keys=[key], args=[GROUP, consumer]),
-                                 "leaving the consumer group", attempts=3)
+                                 "leaving the consumer group", patience=1.0)
         except (TransportError, RedisError) as exc:
             # held entries stay pending and are taken over after the visibility timeout
             log.warning("could not leave the consumer group of %s cleanly: %s", key, exc)
