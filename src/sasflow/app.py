@@ -283,6 +283,9 @@ class App:
                     yield await inbox.get()
             finally:
                 consumer.cancel()
+                # its connection is closed by the time the listener goes on
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await consumer
         # in-process queues cannot cross processes: read this queue's outbox directly
         while True:
             messages = await self.store.take_outbox([queue], 256)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -123,3 +124,34 @@ async def test_poison_on_the_reply_and_request_queues_is_dead_lettered_once_and_
         lines = [r for r in caplog.records
                  if r.levelno >= logging.WARNING and queue in r.getMessage()]
         assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
+
+
+async def test_a_malformed_status_message_does_not_end_listening(
+        running: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`app.listen(queue)` decodes defensively: a body on the application's status queue
+    that is no status (a broker's dead letter; on the embedded default, skipped with one
+    line) is not raised into the listener, which goes on with the statuses after it."""
+    caplog.set_level(logging.INFO)
+    app = running.app
+    queue = f"shop-{uuid.uuid4().hex[:8]}"
+    if app.transport.shared:
+        await app.transport.publish(queue, b"<status>not json</status>")
+    else:  # the embedded default reads the store's outbox: a bad row written there
+        with contextlib.closing(sqlite3.connect(tmp_path / "poison.db")) as db, db:
+            db.execute("INSERT INTO outbox (queue, body, created_at) VALUES (?, ?, 0)",
+                       (queue, b"<status>not json</status>"))
+    task_id = await app.asubmit("echo", {"n": 3}, reply_to=queue)
+    events = []
+    listening = app.listen(queue)
+    async with asyncio.timeout(30), contextlib.aclosing(listening) as statuses:
+        async for status in statuses:
+            assert status.task_id == task_id
+            events.append(status.event)
+            if status.event == "processed":
+                break
+    assert events[0] == "received" and events[-1] == "processed"
+    if app.transport.shared:
+        letters = await dead_letters_of(app, {queue})
+        assert letters[queue].reason.startswith("MalformedMessage: not a status message")
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING and queue in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
