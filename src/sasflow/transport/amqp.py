@@ -316,7 +316,9 @@ class AmqpTransport:
                 await self._send(queue, body, False, {_DELIVERIES: deliveries,
                                                       _FIRST_SEEN: first_seen})
         except TransportError as failure:
-            log.info("could not send a failed message of %s again: %s", queue, failure)
+            log.info("could not send a failed message of %s on: %s", queue, failure)
+            # it comes straight back when nacked: the pause keeps that from spinning
+            await asyncio.sleep(self.policy.delay(deliveries))
             return False
         return True
 
