@@ -39,7 +39,12 @@ from sasflow.store.base import Alert, HistoryEntry, NewTask
 from sasflow.transition import Transition
 from sasflow.transport import Transport, open_transport
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES
-from sasflow.transport.dead_letter import MalformedMessage, decoded
+from sasflow.transport.dead_letter import (
+    MalformedMessage,
+    decoded,
+    letter_for,
+    log_dead_letter,
+)
 from sasflow.worker import ROLES, Worker
 from sasflow.workflow import Step, Workflow
 
@@ -292,8 +297,10 @@ class App:
             for message in messages:
                 try:
                     status = decoded(decode_status, message.body, "status message")
-                except MalformedMessage as error:  # cannot get better: skipped, said once
-                    log.error("skipping outbox message %s of %s: %s", message.id, queue, error)
+                except MalformedMessage as error:  # kept aside once, as a transport would
+                    letter = letter_for(queue, message.body, error)
+                    await self.store.add_dead_letter(letter)
+                    log_dead_letter(log, letter)
                     continue
                 yield status
             await self.store.ack_outbox([m.id for m in messages])

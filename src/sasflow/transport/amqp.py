@@ -68,9 +68,8 @@ from sasflow.transport.dead_letter import (
     DeadLetter,
     DeliveryPolicy,
     MalformedMessage,
-    describe,
+    letter_for,
     log_dead_letter,
-    new_letter_id,
     split_policy,
 )
 
@@ -305,9 +304,8 @@ class AmqpTransport:
         first_seen = first_seen or time.time()
         try:
             if isinstance(error, MalformedMessage) or self.policy.exhausted(deliveries):
-                letter = DeadLetter(id=new_letter_id(), queue=queue, reason=describe(error),
-                                    deliveries=deliveries, first_seen=first_seen,
-                                    at=time.time(), body=body)
+                letter = letter_for(queue, body, error, deliveries=deliveries,
+                                    first_seen=first_seen)
                 await self._confirmed(queue, _dead_letter_message(letter), to_dead_letters=True)
                 log_dead_letter(log, letter)
             else:

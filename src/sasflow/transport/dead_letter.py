@@ -29,8 +29,8 @@ import msgspec
 from sasflow.errors import ConfigurationError, PayloadError
 
 __all__ = ["DEFAULT_POLICY", "DeadLetter", "DeadLetterBox", "DeadLetterReader", "DeliveryPolicy",
-           "ListBox", "MalformedMessage", "decoded", "describe", "log_dead_letter", "new_letter_id",
-           "policy_from_query"]
+           "ListBox", "MalformedMessage", "decoded", "describe", "letter_for",
+           "log_dead_letter", "new_letter_id", "policy_from_query"]
 
 log = logging.getLogger("sasflow.transport.dead_letter")
 
@@ -109,6 +109,14 @@ def split_policy(query: str) -> tuple[DeliveryPolicy, list[tuple[str, str]]]:
 def new_letter_id() -> str:
     """A unique id that sorts by time (milliseconds in hex, then random)."""
     return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(4)}"
+
+
+def letter_for(queue: str, body: bytes, error: BaseException, *, deliveries: int = 1,
+               first_seen: float = 0.0) -> DeadLetter:
+    """The dead letter of `body`, taken from `queue` now because of `error`."""
+    now = time.time()
+    return DeadLetter(id=new_letter_id(), queue=queue, reason=describe(error),
+                      deliveries=deliveries, first_seen=first_seen or now, at=now, body=body)
 
 
 def describe(error: BaseException) -> str:

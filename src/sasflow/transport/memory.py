@@ -28,8 +28,8 @@ from sasflow.transport.dead_letter import (
     ListBox,
     MalformedMessage,
     describe,
+    letter_for,
     log_dead_letter,
-    new_letter_id,
 )
 
 __all__ = ["MemoryTransport"]
@@ -132,9 +132,8 @@ class MemoryTransport:
                 await asyncio.gather(*running, return_exceptions=True)
 
     async def _dead_letter(self, queue: str, message: _Message, error: Exception) -> None:
-        letter = DeadLetter(id=new_letter_id(), queue=queue, reason=describe(error),
-                            deliveries=message.failures, first_seen=message.first_seen,
-                            at=time.time(), body=message.body)
+        letter = letter_for(queue, message.body, error, deliveries=message.failures,
+                            first_seen=message.first_seen)
         try:
             await self.box.add_dead_letter(letter)
         except Exception as failure:
