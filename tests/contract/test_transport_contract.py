@@ -353,14 +353,16 @@ async def test_a_malformed_message_is_dead_lettered_at_once_and_consuming_goes_o
     assert letter.id in lines[0].getMessage()
 
 
+@pytest.mark.parametrize("kind", ["requests", "replies"])
 async def test_a_handler_that_keeps_raising_is_retried_up_to_the_bound_then_dead_lettered(
-        bounded: Transport, bounded_consumers: Consumers, queue_name: QueueName,
+        bounded: Transport, bounded_consumers: Consumers, queue_name: QueueName, kind: str,
         caplog: pytest.LogCaptureFixture) -> None:
     """A well-formed message whose handler raises every time is delivered MAX_DELIVERIES
     times, each after a longer backoff (never hot), then dead-lettered with the error's
     text; good messages keep flowing, and the log holds one line for it."""
     caplog.set_level(logging.DEBUG)
-    queue = agent_queue(queue_name("failing").replace(".", "-"))
+    queue = (agent_queue if kind == "requests" else reply_queue)(
+        queue_name("failing").replace(".", "-"))
     seen: list[float] = []
     good = Collector()
     loop = asyncio.get_running_loop()
