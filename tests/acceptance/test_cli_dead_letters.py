@@ -7,11 +7,15 @@ with the worker), so the command reads them from there, from any process.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import uuid
 
-from cliharness import Cli
+import pytest
+from cliharness import WAIT, Cli
 
 from sasflow.store import open_store
-from sasflow.transport import DeadLetter
+from sasflow.transport import DeadLetter, MalformedMessage, open_transport
 
 BODY = b'{"task_id": "t-1", "oops": "' + b"x" * 300 + b'"}'
 
@@ -83,3 +87,61 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(cli: Cli) -> None:
     bad_transport = cli("dead-letters", "list", "--transport", "carrier-pigeon://x")
     assert bad_transport.status == 1 and "unknown transport URL" in bad_transport.one_error_line()
     assert cli.snapshot() == before
+
+
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+def test_a_brokers_dead_letters_are_read_and_purged_through_transport(
+        cli: Cli, broker: str, request: pytest.FixtureRequest) -> None:
+    """With --transport (or SASFLOW_TRANSPORT) the command reads the broker's own dead
+    letters: a message its consumer could not decode, put there by the transport."""
+    server = request.getfixturevalue(f"{broker}_server")
+    run = uuid.uuid4().hex[:10]
+    url = (f"{server}?prefix=cli-{run}:" if broker == "redis"
+           else f"{server}?queue_expires=20&dead_letters=cli-{run}.dead-letters")
+    queue = f"cli-{run}.status"
+    letter = asyncio.run(dead_letter_on(url, queue, b"\xff not a status"))
+    try:
+        listed = cli("dead-letters", "list", "--json", env={"SASFLOW_TRANSPORT": url}).json()
+        assert [(d["id"], d["queue"], d["deliveries"]) for d in listed] == [
+            (letter.id, queue, 1)]
+        shown = cli("dead-letters", "show", letter.id, "--json", "--transport", url).json()
+        assert shown["body_base64"] == base64.b64encode(b"\xff not a status").decode()
+        assert shown["reason"] == "MalformedMessage: not a status"
+        assert cli("dead-letters", "purge", "--transport", url).out.strip() == (
+            "purged 1 dead letter")
+        assert cli("dead-letters", "list", "--transport", url).out.strip() == "no dead letters"
+    finally:
+        if broker == "rabbitmq":
+            asyncio.run(delete_amqp(server, f"cli-{run}.dead-letters", queue))
+
+
+async def dead_letter_on(url: str, queue: str, body: bytes) -> DeadLetter:
+    """Publish `body` to `queue` and consume it with a handler that cannot decode it."""
+    transport = open_transport(url)
+
+    async def refuse(body: bytes) -> None:
+        raise MalformedMessage("not a status")
+
+    consumer = asyncio.create_task(transport.consume(queue, refuse, prefetch=1))
+    try:
+        await transport.publish(queue, body)
+        async with asyncio.timeout(WAIT):
+            while not (letters := await transport.dead_letters()):
+                await asyncio.sleep(0.02)
+        return letters[0]
+    finally:
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        await transport.close()
+
+
+async def delete_amqp(server: str, *names: str) -> None:
+    import aio_pika
+
+    connection = await aio_pika.connect(server)
+    async with connection:
+        channel = await connection.channel()
+        for name in names:
+            await channel.queue_delete(name)
+        await channel.exchange_delete(names[0])

@@ -120,6 +120,8 @@ async def test_poison_on_the_reply_and_request_queues_is_dead_lettered_once_and_
     assert letters[replies].body == b"{not json at all"
     assert letters[replies].reason.startswith("MalformedMessage: not a reply")
     assert letters[requests].reason.startswith(f"MalformedMessage: not a request for {agent}")
+    if not app.transport.shared:  # in-process queues die with the process: the store keeps them
+        assert {d.queue for d in await app.store.dead_letters()} == {replies, requests}
     for queue in (replies, requests):
         lines = [r for r in caplog.records
                  if r.levelno >= logging.WARNING and queue in r.getMessage()]
