@@ -86,6 +86,9 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(cli: Cli) -> None:
     assert nowhere.status == 1 and "no SQLite store" in nowhere.one_error_line()
     bad_transport = cli("dead-letters", "list", "--transport", "carrier-pigeon://x")
     assert bad_transport.status == 1 and "unknown transport URL" in bad_transport.one_error_line()
+    bad_bound = cli("dead-letters", "list", "--transport", "memory://?max_deliveries=0")
+    assert bad_bound.status == 1
+    assert "max_deliveries must be at least 1" in bad_bound.one_error_line()
     assert cli.snapshot() == before
 
 

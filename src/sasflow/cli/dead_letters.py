@@ -59,17 +59,18 @@ def _with_box(ctx: click.Context, store: str | None, transport: str | None,
     where = (ctx.find_object(_Where) or _Where()).merged(store, transport)
 
     async def run() -> T:
-        if is_in_process(where.transport):
-            opened_store = open_store(where.store or DEFAULT_STORE, create=False)
-            try:
-                return await work(opened_store)
-            finally:
-                await opened_store.close()
+        # opened first in every case: a bad transport URL is refused before anything else
         opened = open_transport(where.transport)
         try:
-            return await work(opened)
+            if not is_in_process(where.transport):
+                return await work(opened)
         finally:
             await opened.close()
+        opened_store = open_store(where.store or DEFAULT_STORE, create=False)
+        try:
+            return await work(opened_store)
+        finally:
+            await opened_store.close()
 
     # a client library's own reconnect warnings: the answer, or the error, is one line
     logging.disable(logging.WARNING)
