@@ -23,15 +23,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from common import emit, stop_proc
+from common import emit, scratch_dir, stop_proc
 
 from sasflow.transport import agent_queue, open_transport, reply_queue
 
@@ -84,7 +84,7 @@ def measure(kind: str, a: argparse.Namespace) -> dict[str, Any]:
     run = uuid.uuid4().hex[:10]
     url = URLS[kind].format(run=run)
     agent, instance = f"bench-poison-{run}", f"bench-poison-{run}"
-    scratch = Path(tempfile.mkdtemp(prefix="sasflow-bench-poison-"))
+    scratch = Path(scratch_dir(f"poison-{run}"))
     log = scratch / "worker.log"
     env = {**os.environ, "SASFLOW_BENCH_AGENT": agent,
            "PYTHONPATH": os.pathsep.join(filter(None, [a.worker_src, str(HERE)]))}
@@ -115,6 +115,7 @@ def measure(kind: str, a: argparse.Namespace) -> dict[str, Any]:
                 "worker_src": a.worker_src or "this checkout"}
     finally:
         stop_proc(worker)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main() -> None:
