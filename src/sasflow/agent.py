@@ -40,6 +40,7 @@ from sasflow.messages import Reply, Request, decode_request, encode_within, refu
 from sasflow.model import Phase
 from sasflow.resilience import RetryPolicy, call_with_retries
 from sasflow.transport.base import Transport, agent_queue
+from sasflow.transport.dead_letter import decoded
 
 __all__ = ["AgentFunction", "AgentRequest", "AgentRuntime"]
 
@@ -155,12 +156,8 @@ class AgentRuntime:
 
     def _handler(self, agent: AgentFunction) -> Callable[[bytes], Any]:
         async def handle(body: bytes) -> None:
-            try:
-                request = decode_request(body)
-            except msgspec.DecodeError as error:  # redelivering it would not help
-                log.error("agent %s: dropping a malformed request: %s", agent.name, error)
-                return
-            await self.handle(agent, request)
+            # a body that is no request is a dead letter at once (R3): kept, not dropped
+            await self.handle(agent, decoded(decode_request, body, f"request for {agent.name}"))
         return handle
 
     async def handle(self, agent: AgentFunction, request: Request) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -40,10 +41,18 @@ from sasflow.store.base import Alert, HistoryEntry, NewTask
 from sasflow.transition import Transition
 from sasflow.transport import Transport, open_transport
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES
+from sasflow.transport.dead_letter import (
+    MalformedMessage,
+    decoded,
+    letter_for,
+    log_dead_letter,
+)
 from sasflow.worker import ROLES, Worker
 from sasflow.workflow import Step, Workflow
 
 __all__ = ["App", "Migration"]
+
+log = logging.getLogger("sasflow.app")
 
 DEFAULT_STORE = "sqlite:///sasflow.db"
 _DEFAULT_CONCURRENCY = 256  # an agent's calls at once, on the loop or in threads
@@ -174,7 +183,9 @@ class App:
     def transport(self) -> Transport:
         if self._transport is None:
             url = self.transport_url or os.environ.get("SASFLOW_TRANSPORT")
-            self._transport = open_transport(url, max_message_bytes=self.max_payload_bytes)
+            # in-process queues die with the process: their dead letters go to the store
+            self._transport = open_transport(url, max_message_bytes=self.max_payload_bytes,
+                                             dead_letter_box=lambda: self.store)
         return self._transport
 
     # ------------------------------------------------------------ submission
@@ -292,22 +303,33 @@ class App:
     async def listen(self, queue: str) -> AsyncIterator[Status]:
         """Status messages of the tasks submitted with ``reply_to=queue`` (E11)."""
         if self.transport.shared:
-            inbox: asyncio.Queue[bytes] = asyncio.Queue()
+            inbox: asyncio.Queue[Status] = asyncio.Queue()
 
             async def put(body: bytes) -> None:
-                await inbox.put(body)
+                # decoded here: a body that is no status is the transport's dead letter (R3)
+                await inbox.put(decoded(decode_status, body, "status message"))
 
             consumer = asyncio.create_task(self.transport.consume(queue, put, prefetch=256))
             try:
                 while True:
-                    yield decode_status(await inbox.get())
+                    yield await inbox.get()
             finally:
                 consumer.cancel()
+                # its connection is closed by the time the listener goes on
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await consumer
         # in-process queues cannot cross processes: read this queue's outbox directly
         while True:
             messages = await self.store.take_outbox([queue], 256)
             for message in messages:
-                yield decode_status(message.body)
+                try:
+                    status = decoded(decode_status, message.body, "status message")
+                except MalformedMessage as error:  # kept aside once, as a transport would
+                    letter = letter_for(queue, message.body, error)
+                    await self.store.add_dead_letter(letter)
+                    log_dead_letter(log, letter)
+                    continue
+                yield status
             await self.store.ack_outbox([m.id for m in messages])
             if not messages:
                 await asyncio.sleep(0.02)

@@ -24,6 +24,7 @@ from sasflow.plan import Plan
 from sasflow.store.base import Store
 from sasflow.transition import Transition
 from sasflow.transport.base import Transport, agent_queue, reply_queue
+from sasflow.transport.dead_letter import decoded
 
 __all__ = ["Scheduler"]
 
@@ -221,7 +222,8 @@ class Scheduler:
                        reply_to=self.reply_queue, result=record.result if undo else None)
 
     async def _on_reply(self, body: bytes) -> None:
-        reply = decode_reply(body)
+        # a body that is no reply is a dead letter at once (R3), never redelivered
+        reply = decoded(decode_reply, body, "reply")
         waiting = self._waiting.get(reply.task_id)
         if waiting is None:
             return  # a reply for a task this instance no longer drives

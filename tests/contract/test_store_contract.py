@@ -19,6 +19,7 @@ from sasflow.plan import Plan
 from sasflow.store import Store
 from sasflow.store.base import Alert, Instance, NewTask
 from sasflow.transition import LeaseFence, Transition
+from sasflow.transport import DeadLetter
 from sasflow.workflow import Step, Workflow
 
 T, S = TaskState, StepState
@@ -775,3 +776,19 @@ async def test_an_incident_is_one_alert_until_resolved(store: Store, clock: Cloc
     assert await store.incidents() == []
     listed = await store.alerts()
     assert [(a.count, a.resolved_at) for a in listed] == [(2, clock.now - 1), (4, clock.now)]
+async def test_dead_letters_are_kept_read_back_whole_and_purged(store: Store) -> None:
+    """The in-process transport's dead letters (R3): kept with every field and the body
+    byte for byte, oldest first, the same letter written twice kept once (a retried
+    commit), an unknown id None, and all forgotten by a purge that counts them."""
+    older = DeadLetter(id="01a", queue="sasflow.reply.w1", reason="MalformedMessage: not a reply",
+                       deliveries=1, first_seen=1e9, at=1e9, body=b"\x00\xffnot json")
+    newer = DeadLetter(id="01b", queue="sasflow.agent.pay", reason="RuntimeError: boom",
+                       deliveries=5, first_seen=1e9 + 1, at=1e9 + 9, body=b"x" * 70_000)
+    for letter in (newer, older, newer):
+        await store.add_dead_letter(letter)
+    assert await store.dead_letters() == [older, newer]
+    assert await store.dead_letters(limit=1) == [older]
+    assert await store.dead_letter("01b") == newer
+    assert await store.dead_letter("01c") is None
+    assert await store.purge_dead_letters() == 2
+    assert await store.dead_letters() == []

@@ -15,6 +15,7 @@ import msgspec
 from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
 from sasflow.transition import Transition
+from sasflow.transport.dead_letter import DeadLetter
 from sasflow.workflow import workflow_version
 
 __all__ = ["Alert", "Census", "HistoryEntry", "Instance", "NewTask", "OutboxMessage", "Store"]
@@ -189,6 +190,20 @@ class Store(Protocol):
 
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         """The instances that have beaten (or only the one named), oldest first."""
+        ...
+
+    # The in-process transport's dead letters (R3): its queues die with the
+    # process, so they are kept in the store (transport/dead_letter.py).
+    async def add_dead_letter(self, letter: DeadLetter) -> None: ...
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """The oldest `limit` dead letters, oldest first."""
+        ...
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None: ...
+
+    async def purge_dead_letters(self) -> int:
+        """Forget every dead letter; how many there were."""
         ...
 
     async def take_outbox(self, queues: Collection[str] | None, limit: int

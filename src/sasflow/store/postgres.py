@@ -55,6 +55,7 @@ from psycopg_pool import AsyncConnectionPool
 from sasflow.errors import ConfigurationError, StoreError
 from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
+from sasflow.store import dead_letters
 from sasflow.store import pg_sql as q
 from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.pg_commit import GroupCommit
@@ -79,6 +80,7 @@ from sasflow.store.rows import (
     versions_of,
 )
 from sasflow.transition import Transition
+from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["PostgresStore"]
 
@@ -553,6 +555,30 @@ class PostgresStore:
         rows = await self._fetchall(q.SELECT_INSTANCES, {"instance_id": instance_id})
         return [instance_from_row(row) for row in rows]
 
+    # ------------------------------------------------------------ dead letters (R3)
+    async def add_dead_letter(self, letter: DeadLetter) -> None:
+        async def job(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(_DEAD_LETTER_SQL["insert"], dead_letters.letter_params(letter))
+
+        await self._at_home(lambda: self._run(job))  # keyed by its id: safe to repeat
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        rows = await self._fetchall(_DEAD_LETTER_SQL["oldest"], {"limit": limit})
+        return [dead_letters.letter_from_row(row) for row in rows]
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        rows = await self._fetchall(_DEAD_LETTER_SQL["one"], {"id": letter_id})
+        return dead_letters.letter_from_row(rows[0]) if rows else None
+
+    async def purge_dead_letters(self) -> int:
+        async def job(conn: psycopg.AsyncConnection[Any]) -> int:
+            # counted by the statement itself: a pipelined cursor's rowcount is not known yet
+            row = await (await conn.execute(_DEAD_LETTER_SQL["purge"])).fetchone()
+            return int(row[0]) if row else 0
+
+        count: int = await self._at_home(lambda: self._run(job))
+        return count
+
     # ------------------------------------------------------------ outbox (E11)
     async def take_outbox(self, queues: Collection[str] | None, limit: int
                           ) -> list[OutboxMessage]:
@@ -650,6 +676,12 @@ async def _tasks_with_steps(conn: psycopg.AsyncConnection[Any],
         cur = await conn.execute(q.SELECT_STEPS, (list(tasks),))
         attach_steps(tasks, await cur.fetchall())
     return list(tasks.values())
+
+
+_DEAD_LETTER_SQL = {name: dead_letters.postgres(statement) for name, statement in (
+    ("insert", dead_letters.INSERT), ("oldest", dead_letters.SELECT_OLDEST),
+    ("one", dead_letters.SELECT_ONE),
+    ("purge", f"WITH gone AS ({dead_letters.PURGE} RETURNING 1) SELECT count(*) FROM gone"))}
 
 
 # ---------------------------------------------------------------- migrations

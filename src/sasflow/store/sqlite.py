@@ -32,7 +32,7 @@ from sasflow.model import (
     TaskState,
 )
 from sasflow.plan import Plan
-from sasflow.store import sql
+from sasflow.store import dead_letters, sql
 from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.rows import (
     RowKind,
@@ -52,6 +52,7 @@ from sasflow.store.rows import (
 )
 from sasflow.store.writer import Writer
 from sasflow.transition import Transition
+from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["SQLiteStore"]
 
@@ -301,6 +302,26 @@ class SQLiteStore:
         rows = await self._read(lambda c: c.execute(
             sql.SELECT_INSTANCES, {"instance_id": instance_id}).fetchall())
         return [instance_from_row(row) for row in rows]
+
+    # ------------------------------------------------------------ dead letters (R3)
+    async def add_dead_letter(self, letter: DeadLetter) -> None:
+        await self._writer.run(lambda conn: conn.execute(
+            dead_letters.INSERT, dead_letters.letter_params(letter)))
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        rows = await self._read(lambda c: c.execute(
+            dead_letters.SELECT_OLDEST, {"limit": limit}).fetchall())
+        return [dead_letters.letter_from_row(row) for row in rows]
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        rows = await self._read(lambda c: c.execute(
+            dead_letters.SELECT_ONE, {"id": letter_id}).fetchall())
+        return dead_letters.letter_from_row(rows[0]) if rows else None
+
+    async def purge_dead_letters(self) -> int:
+        count: int = await self._writer.run(
+            lambda conn: conn.execute(dead_letters.PURGE).rowcount)
+        return count
 
     # ------------------------------------------------------------ outbox (E11)
     async def take_outbox(self, queues: Collection[str] | None, limit: int
