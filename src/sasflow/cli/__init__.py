@@ -23,6 +23,7 @@ from sasflow.cli.health import healthcheck
 from sasflow.cli.migrate import migrate_tasks
 from sasflow.cli.operate import alerts, tasks
 from sasflow.errors import SasflowError
+from sasflow.redact import redact_text
 
 __all__ = ["cli", "main", "run"]
 
@@ -84,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def _fail(message: str, status: int = FAILURE) -> int:
-    one_line = " ".join(message.split()) or "failed"
+    # the last guard of R5: whatever raised, no URL in the line keeps its secrets
+    one_line = " ".join(redact_text(message).split()) or "failed"
     click.echo(f"sasflow: error: {one_line}", err=True)
     return status
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sasflow.errors import ConfigurationError, MissingExtraError
+from sasflow.redact import redact
 from sasflow.store.base import Store
 
 __all__ = ["Store", "open_store"]
@@ -33,5 +34,5 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None,
 
         return PostgresStore.from_url(url, clock=clock, create=create)
     raise ConfigurationError(
-        f"unknown store URL {url!r}: expected sqlite:///PATH or postgresql://..."
+        f"unknown store URL {redact(url)!r}: expected sqlite:///PATH or postgresql://..."
     )

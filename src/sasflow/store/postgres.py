@@ -55,6 +55,7 @@ from psycopg_pool import AsyncConnectionPool
 from sasflow.errors import ConfigurationError, StoreError
 from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
+from sasflow.redact import redact, scrub
 from sasflow.store import pg_sql as q
 from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.pg_commit import GroupCommit
@@ -141,7 +142,8 @@ class PostgresStore:
         try:
             psycopg.conninfo.conninfo_to_dict(url)
         except psycopg.ProgrammingError as error:
-            raise ConfigurationError(f"bad PostgreSQL URL {url!r}: {error}") from error
+            raise ConfigurationError(f"bad PostgreSQL URL {redact(url)!r}: {scrub(str(error), url)}"
+                                     ) from None  # the cause quotes the URL
         return cls(url, clock=clock, create=create)
 
     # ------------------------------------------------------------ clock

@@ -32,6 +32,7 @@ from sasflow.model import (
     TaskState,
 )
 from sasflow.plan import Plan
+from sasflow.redact import redact
 from sasflow.store import sql
 from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.rows import (
@@ -87,7 +88,7 @@ class SQLiteStore:
                  create: bool = True) -> SQLiteStore:
         parts = urlsplit(url)
         if parts.scheme != "sqlite" or parts.netloc:
-            raise ConfigurationError(f"bad SQLite URL {url!r}: expected sqlite:///PATH")
+            raise ConfigurationError(f"bad SQLite URL {redact(url)!r}: expected sqlite:///PATH")
         options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         return cls(path, synchronous=options.get("synchronous", "normal"), clock=clock,

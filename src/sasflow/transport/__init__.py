@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sasflow.errors import ConfigurationError, MissingExtraError
+from sasflow.redact import redact
 from sasflow.transport.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Handler,
@@ -42,4 +43,4 @@ def open_transport(url: str | None, *,
             ) from error
         return RedisTransport(url, max_message_bytes=max_message_bytes)
     raise ConfigurationError(
-        f"unknown transport URL {url!r}: expected memory, amqp://... or redis://...")
+        f"unknown transport URL {redact(url)!r}: expected memory, amqp://... or redis://...")

@@ -51,6 +51,7 @@ from aio_pika.abc import (
 from pamqp.common import FieldTable
 
 from sasflow.errors import ConfigurationError, TransportError
+from sasflow.redact import redact
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE, Bundler, decode_bundle
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, carries_bundles
 
@@ -109,7 +110,7 @@ class AmqpTransport:
             publisher = await connection.channel(publisher_confirms=True, on_return_raises=True)
         except (aiormq.exceptions.AMQPError, OSError) as error:
             raise TransportError(
-                f"cannot connect to RabbitMQ at {_redact(self.url)}: {error}") from error
+                f"cannot connect to RabbitMQ at {redact(self.url)}: {error}") from error
         return connection, publisher
 
     async def ping(self) -> None:
@@ -285,9 +286,3 @@ def _split_url(url: str) -> tuple[str, FieldTable]:
         rest.append(("reconnect_interval", str(_RECONNECT_INTERVAL)))
     return urlunsplit(parts._replace(query=urlencode(rest))), arguments
 
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))

@@ -56,6 +56,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sasflow.errors import ConfigurationError, TransportError
+from sasflow.redact import redact
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
 from sasflow.transport.redis_batch import AutoPipeline
 
@@ -132,7 +133,8 @@ class RedisTransport:
             self.maxlen = maxlen if maxlen is not None else (
                 int(options["maxlen"]) if "maxlen" in options else None)
         except ValueError as exc:
-            raise ConfigurationError(f"bad option in transport URL {url!r}: {exc}") from exc
+            raise ConfigurationError(
+                f"bad option in transport URL {redact(url)!r}: {exc}") from exc
         self.prefix = prefix if prefix is not None else options.get("prefix", "")
         self.max_message_bytes = max_message_bytes
         self.block_seconds = block_seconds
