@@ -9,6 +9,7 @@ see one for an unexpected error).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sys
 import traceback
@@ -35,12 +36,27 @@ FAILURE = 1
                                "help_option_names": ["-h", "--help"],
                                "max_content_width": 100})
 @click.version_option(package_name="sasflow", message="%(prog)s %(version)s")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """sasflow: durable, self-healing multi-step tasks (Scheduler-Agent-Supervisor).
 
     APP names your application: MODULE:ATTRIBUTE (importable from the current
     directory) or PATH.py:ATTRIBUTE.
     """
+    if ctx.invoked_subcommand not in _LOGGING_COMMANDS:
+        _quiet_client_libraries()
+
+
+# commands that run actors and log what they do; the others answer in one line
+_LOGGING_COMMANDS = ("worker", "demo")
+_CLIENT_LIBRARIES = ("psycopg", "aio_pika", "aiormq", "redis")
+
+
+def _quiet_client_libraries() -> None:
+    # each failed connection attempt would print its own warning (a pool retrying
+    # for seconds printed ten): the command's one error line names the cause instead
+    for name in _CLIENT_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 for command in (demo, worker, submit, tasks, alerts, db, healthcheck):

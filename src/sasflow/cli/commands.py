@@ -13,7 +13,13 @@ import click
 
 from sasflow.app import DEFAULT_STORE, default_instance_id
 from sasflow.cli.app_ref import APP_REF, AppRef, load_app
-from sasflow.cli.options import CommaList, option, store_option, transport_option
+from sasflow.cli.options import (
+    CONNECT_WITHIN,
+    CommaList,
+    option,
+    store_option,
+    transport_option,
+)
 from sasflow.errors import ConfigurationError, PayloadError, SasflowError
 from sasflow.redact import RedactingFilter, redact
 from sasflow.worker import ROLES
@@ -117,7 +123,7 @@ def submit(app_ref: AppRef, workflow: str, input_text: str | None, task_id: str 
     """Submit a task of WORKFLOW; prints its id."""
     payload = _parse_input(input_text)
     app = load_app(app_ref)
-    app.configure(store=store)
+    app.configure(store=store, connect_within=CONNECT_WITHIN)
     try:
         submitted = app.submit(workflow, payload, task_id=task_id, reply_to=reply_to)
     finally:
