@@ -8,10 +8,12 @@ transaction of its own, so one bad job never takes another's writes with it.
 Jobs must therefore be safe to re-run: they read what they need inside the
 transaction.
 
-The connection is prepared (schema, journal mode) in the writer's thread, not
-while the store is being made: the store may be made inside a caller's open
+The connection is prepared (schema, journal mode) once when the writer starts,
+without waiting for any lock: the store may be made inside a caller's open
 transaction on the same file (E1), which holds the very write lock preparing
-may need. Until preparation succeeds it is tried again before each batch.
+may need, so a first attempt that finds the lock taken gives up at once. Until
+preparation succeeds it is tried again, waiting as usual, before each batch
+and before a reader's first read.
 Errors from SQLite itself reach callers through `translate` (the store maps
 them to StoreError).
 """
@@ -92,9 +94,15 @@ class Writer:
         except BaseException as error:
             self._ready.set_exception(error)
             return
+        try:
+            self._first_attempt(conn)
+        except BaseException as error:
+            self._ready.set_exception(error)
+            self._first_prepare.set()
+            conn.close()
+            return
         self._ready.set_result(None)
         try:
-            self._try_prepare(conn)
             while True:
                 first = self._jobs.get()
                 if first is None:
@@ -116,6 +124,15 @@ class Writer:
         finally:
             self._first_prepare.set()  # nobody waits for a thread that has ended
             conn.close()
+
+    def _first_attempt(self, conn: sqlite3.Connection) -> None:
+        """Prepare without waiting for a lock another connection holds."""
+        patience = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            self._try_prepare(conn)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(patience)}")
 
     def _try_prepare(self, conn: sqlite3.Connection) -> bool:
         if not self._prepared:
