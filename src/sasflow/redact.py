@@ -18,7 +18,15 @@ import logging
 import re
 from urllib.parse import unquote
 
-__all__ = ["MASK", "RedactingFilter", "is_secret_parameter", "redact", "redact_text", "scrub"]
+__all__ = [
+    "MASK",
+    "RedactingFilter",
+    "guard_loggers",
+    "is_secret_parameter",
+    "redact",
+    "redact_text",
+    "scrub",
+]
 
 MASK = "***"
 
@@ -129,3 +137,20 @@ class RedactingFilter(logging.Filter):
         if record.exc_text:
             record.exc_text = redact_text(record.exc_text)
         return True
+
+
+def guard_loggers(*packages: str) -> None:
+    """Redact the records of these packages' loggers wherever they go.
+
+    A filter on a logger sees only the records logged on that very logger, so it
+    goes on each logger of the package that exists now (call this once the
+    package is imported); the application's handlers then never see a secret,
+    however the application set its logging up.
+    """
+    names = [name for name in list(logging.root.manager.loggerDict)
+             if any(name == p or name.startswith(p + ".") for p in packages)]
+    for name in {*packages, *names}:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+            logger.addFilter(RedactingFilter())
+

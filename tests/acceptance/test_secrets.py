@@ -12,8 +12,10 @@ the secret. The errors the Python API raises are checked the same way.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import os
 import select
 import signal
@@ -317,3 +319,23 @@ def test_transport_errors_from_the_python_api_show_no_secret(url: str) -> None:
     assert SECRET not in str(refused.value)
     assert "***" in str(refused.value)
 
+
+
+async def test_an_applications_own_log_shows_no_secret_of_a_reconnecting_broker(
+        caplog: pytest.LogCaptureFixture, rabbitmq_server: str) -> None:
+    """Used as a library, with the application's own logging: aio-pika's reconnect
+    warnings reach the application's handlers with ?password= masked."""
+    proxy = CuttingProxy(("127.0.0.1", 5672))
+    transport = open_transport(f"amqp://guest:guest@127.0.0.1:{proxy.port}/?password={SECRET}")
+    try:
+        with caplog.at_level(logging.INFO):
+            await transport.ping()
+            proxy.cut()
+            async with asyncio.timeout(WAIT):
+                while "econnect" not in caplog.text:
+                    await asyncio.sleep(0.02)
+        assert "password=***" in caplog.text
+        assert SECRET not in caplog.text
+    finally:
+        proxy.close()
+        await transport.close()

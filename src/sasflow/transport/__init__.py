@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sasflow.errors import ConfigurationError, MissingExtraError
-from sasflow.redact import redact
+from sasflow.redact import guard_loggers, redact
 from sasflow.transport.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Handler,
@@ -31,6 +31,8 @@ def open_transport(url: str | None, *,
             raise MissingExtraError(
                 "the RabbitMQ transport needs aio-pika: pip install 'sasflow[rabbitmq]'"
             ) from error
+        # aio-pika's connection warnings print the URL, query string and all (R5)
+        guard_loggers("aio_pika", "aiormq")
         return AmqpTransport(url, max_message_bytes=max_message_bytes)
     if url.startswith(("redis://", "rediss://")):
         try:
