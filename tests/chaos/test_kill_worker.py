@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from chaosapp import INTERVAL, LEASE_TTL, PIPELINE, RETRY_BACKOFF, STEP_TIMEOUT
-from chaosharness import Cluster
+from chaosapp import PIPELINE, STEP_TIMEOUT
+from chaosharness import Cluster, History
 
 pytestmark = pytest.mark.chaos
 
@@ -14,13 +14,17 @@ TASKS = 100
 CONCURRENCY = 10  # per worker: 100 tasks of a 0.5 s step keep both busy for ~2.5 s
 SLOW = 0.5
 STEPS = ("a", "b", "c")
-SLACK = 5.0  # a loaded 2-core machine: process scheduling, SQLite lock waits
+# Only a hang fails on this. How long recovery takes is measured by bench/recovery.py
+# (kill -> released, kill -> all done, against step timeout + interval + 1 s).
+HANG_GUARD = 180.0
 
 
-def test_sigkilled_worker_is_recovered_by_the_survivor_once_and_within_bound(
+def test_sigkilled_worker_is_recovered_by_the_survivor_once_at_its_complete_by(
         cluster: Cluster, request: pytest.FixtureRequest) -> None:
-    """Without a restart of the killed worker, every task ends processed within the bound;
-    each step completes exactly once, and every step's effect happened."""
+    """Without a restart of the killed worker, every task ends processed; each task
+    it held is released by the survivor's supervisor as expired, once, after its
+    complete-by on the store's clock; each step completes exactly once, and every
+    step's effect happened."""
     cluster.submit(PIPELINE, {f"t{i:03d}": {"n": i} for i in range(TASKS)})
     victim = cluster.spawn("victim", concurrency=CONCURRENCY, slow=SLOW)
     survivor = cluster.spawn("survivor", concurrency=CONCURRENCY, slow=SLOW)
@@ -35,24 +39,19 @@ def test_sigkilled_worker_is_recovered_by_the_survivor_once_and_within_bound(
     assert interrupted, "the kill must land while the victim has steps in flight"
 
     # the victim may have held the supervisor lease: the survivor waits it out, then sweeps
-    detection_bound = STEP_TIMEOUT + LEASE_TTL + INTERVAL + SLACK
-    work_bound = TASKS * SLOW / CONCURRENCY  # the survivor alone, from scratch
-    bound = detection_bound + RETRY_BACKOFF + work_bound
     cluster.wait_for(f"all {TASKS} tasks processed without restarting the victim",
-                     lambda: cluster.all_in(["processed"], TASKS), timeout=bound)
+                     lambda: cluster.all_in(["processed"], TASKS), timeout=HANG_GUARD)
 
     history = cluster.history()
+    expiries = [h for h in history if h.expiry]
+    recovered = {task: recovery_of(history, task, victim.name) for task in interrupted}
     finished_at = max(h.at for h in history if h.step is None and h.to_state == "processed")
     recovery = finished_at - killed_at
-    expiries = [h for h in history if h.expiry]
-    first_expiry = {h.task_id: h for h in reversed(expiries)}
-    unexpired = interrupted - set(first_expiry)
-    assert not unexpired, f"interrupted tasks finished without an expiry: {unexpired}"
-    detection = max(first_expiry[t].at for t in interrupted) - killed_at
+    detection = max(r.at for _, r in recovered.values()) - killed_at
     request.node.user_properties.append(("recovery_seconds", round(recovery, 3)))
-    print(f"\nkill -> all {TASKS} terminal: {recovery:.2f}s (bound {bound:.1f}s);"
-          f" kill -> last interrupted task expired: {detection:.2f}s"
-          f" (bound {detection_bound:.1f}s); interrupted: {len(interrupted)}")
+    print(f"\nkill -> all {TASKS} terminal: {recovery:.2f}s;"
+          f" kill -> last interrupted task expired: {detection:.2f}s;"
+          f" interrupted: {len(interrupted)}")
 
     # no step committed by two owners: one 'completed' transition per unit, and only those
     done = cluster.completions()
@@ -63,13 +62,17 @@ def test_sigkilled_worker_is_recovered_by_the_survivor_once_and_within_bound(
     # the dead worker wrote nothing after its death
     assert [h for h in history if h.actor == victim.name and h.at >= killed_at] == []
 
-    # every interrupted task was recovered by the survivor's supervisor, each expiry once
-    for task in interrupted:
-        assert first_expiry[task].actor == survivor.name, task
+    # every interrupted task was recovered by the survivor's supervisor, as expired, not
+    # before the complete-by its start set (store clock), each expiry once
+    for task, (started, expiry) in recovered.items():
+        step = started.why.rsplit("; ", 1)[-1].removesuffix(" started") if started.why else ""
+        assert expiry.actor == survivor.name, (task, expiry)
+        why = expiry.why or ""
+        assert why.startswith(f"{step}: expired (") and why.endswith(": released"), (
+            task, expiry)
+        assert expiry.at >= started.at + STEP_TIMEOUT, (task, started, expiry)
     per_epoch = Counter((h.task_id, h.epoch) for h in expiries)
     assert [k for k, n in per_epoch.items() if n != 1] == [], "an expiry was counted twice"
-    assert detection <= detection_bound
-    assert recovery <= bound
 
     # no effect lost: each committed result comes from an agent run that did finish
     effects = cluster.effects()
@@ -82,3 +85,14 @@ def test_sigkilled_worker_is_recovered_by_the_survivor_once_and_within_bound(
         step = next(e.step for e in reversed(effects)
                     if e.task == task and e.pid == victim.pid and e.event == "start")
         assert cluster.results(step)[task]["pid"] == survivor.pid, (task, step)
+
+
+def recovery_of(history: list[History], task: str, victim: str) -> tuple[History, History]:
+    """The victim's last start of a step of `task` and the first expiry after it."""
+    starts = [h for h in history if h.task_id == task and h.step is None
+              and h.actor == victim and (h.why or "").endswith(" started")]
+    assert starts, f"{task}: the victim never started a step of it"
+    started = starts[-1]
+    after = [h for h in history if h.task_id == task and h.id > started.id and h.expiry]
+    assert after, f"{task}: finished without an expiry after the victim's start"
+    return started, after[0]
