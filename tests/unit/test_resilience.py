@@ -59,9 +59,10 @@ def breaker_for(clock: FakeClock, threshold: int = 100) -> CircuitBreaker:
 
 async def call(remote: Remote, clock: FakeClock, *, attempts: int = 5,
                deadline: float = 1e12, breaker: CircuitBreaker | None = None,
-               initial_wait: float = 0.05, jitter: float = 0.0) -> str:
+               initial_wait: float = 0.05, max_wait: float = 2.0, jitter: float = 0.0) -> str:
     return await call_with_retries(
-        remote, policy=RetryPolicy(attempts=attempts, initial_wait=initial_wait, jitter=jitter),
+        remote, policy=RetryPolicy(attempts=attempts, initial_wait=initial_wait,
+                                   max_wait=max_wait, jitter=jitter),
         breaker=breaker or breaker_for(clock), deadline=deadline, clock=clock)
 
 
@@ -134,14 +135,15 @@ async def test_stops_at_the_deadline_with_attempts_left(clock: FakeClock) -> Non
 @pytest.mark.usefixtures("with_backoff")
 async def test_does_not_start_a_wait_that_would_end_past_the_deadline(
         clock: FakeClock) -> None:
-    """A 1 s backoff with 0.5 s left: give up now instead of sleeping past complete-by."""
+    """A 60 s backoff with 0.5 s left: give up now instead of sleeping past complete-by."""
     remote = Remote(clock, failures=100)
-    started = time.monotonic()
     with pytest.raises(ConnectionError):
-        await call(remote, clock, attempts=10, deadline=clock.now + 0.5, initial_wait=1.0)
+        # had it started the 60 s wait, the guard would end it: nothing was slept
+        async with asyncio.timeout(30):
+            await call(remote, clock, attempts=10, deadline=clock.now + 0.5,
+                       initial_wait=60.0, max_wait=60.0)
     # the first retry is immediate; the wait before the third call would cross the deadline
     assert remote.calls == [1, 2]
-    assert time.monotonic() - started < 0.5  # and nothing was slept
 
 
 @pytest.mark.usefixtures("with_backoff")
@@ -190,15 +192,17 @@ async def test_cancelling_a_probe_frees_the_half_open_slot(clock: FakeClock) -> 
     with pytest.raises(ConnectionError):
         await call(Remote(clock, failures=1), clock, attempts=1, breaker=breaker)
     clock.now += 5.0
-    hang = asyncio.Event()
+    hang, probing = asyncio.Event(), asyncio.Event()
 
     async def slow(attempt: int) -> str:
+        probing.set()  # the probe holds the half-open slot from here
         await hang.wait()
         return "late"
 
     probe = asyncio.ensure_future(call_with_retries(
         slow, policy=RetryPolicy(attempts=1), breaker=breaker, deadline=1e12, clock=clock))
-    await asyncio.sleep(0.01)
+    async with asyncio.timeout(30):
+        await probing.wait()
     probe.cancel()
     with pytest.raises(asyncio.CancelledError):
         await probe
