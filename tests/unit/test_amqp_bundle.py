@@ -8,6 +8,7 @@ message goes plain; every caller returns only after its own bundle's confirm.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -29,6 +30,20 @@ class Broker:
         await self.confirm.wait()
         if self.fail is not None:
             raise self.fail
+
+
+async def until(condition: Callable[[], object]) -> None:
+    """Let the loop run until `condition` holds: a positive signal, not a pause (a
+    slow machine can end a pause before the tasks it waits for have had their turn)."""
+    async with asyncio.timeout(60):  # a hang guard only
+        while not condition():
+            await asyncio.sleep(0)
+
+
+def waiting(bundler: Bundler, queue: str) -> int:
+    """Publishes to `queue` waiting for a bundle (none sending them yet)."""
+    state = bundler._queues.get(queue)
+    return 0 if state is None else len(state.waiting)
 
 
 def held_broker() -> tuple[Broker, Bundler]:
@@ -85,8 +100,8 @@ async def test_queues_are_bundled_apart() -> None:
 async def test_publish_waits_for_its_own_bundles_confirm() -> None:
     broker, bundler = held_broker()
     publishing = [asyncio.create_task(bundler.publish("q", b"x")) for _ in range(5)]
-    await asyncio.sleep(0.01)
-    assert broker.sent and not any(task.done() for task in publishing)
+    await until(lambda: sum(len(bodies) for _, bodies in broker.sent) == 5)
+    assert not any(task.done() for task in publishing)
     broker.confirm.set()
     await asyncio.gather(*publishing)
 
@@ -106,14 +121,13 @@ async def test_a_failed_send_fails_every_publish_in_that_bundle() -> None:
 async def test_a_cancelled_publish_still_waiting_is_not_sent() -> None:
     broker, bundler = held_broker()
     first = []
-    for _ in range(2):  # two bundles being sent: later publishes wait
+    for n in (1, 2):  # two bundles being sent: later publishes wait
         first.append(asyncio.create_task(bundler.publish("q", b"first")))
-        await asyncio.sleep(0.01)
-    assert len(broker.sent) == 2
-    waiting = asyncio.create_task(bundler.publish("q", b"cancelled"))
+        await until(lambda n=n: len(broker.sent) == n)
+    cancelled = asyncio.create_task(bundler.publish("q", b"cancelled"))
     kept = asyncio.create_task(bundler.publish("q", b"kept"))
-    await asyncio.sleep(0.01)
-    waiting.cancel()
+    await until(lambda: waiting(bundler, "q") == 2)
+    cancelled.cancel()
     broker.confirm.set()
     await asyncio.gather(*first, kept)
     assert [bodies for _, bodies in broker.sent][-1] == [b"kept"]
@@ -122,9 +136,11 @@ async def test_a_cancelled_publish_still_waiting_is_not_sent() -> None:
 async def test_close_fails_the_publishes_being_sent_and_those_waiting() -> None:
     broker, bundler = held_broker()
     publishing = []
-    for body in (b"a", b"b", b"waits"):  # two bundles being sent, the third waits
+    for body in (b"a", b"b"):  # two bundles being sent ...
         publishing.append(asyncio.create_task(bundler.publish("q", body)))
-        await asyncio.sleep(0.01)
+        await until(lambda body=body: broker.sent and broker.sent[-1] == ("q", [body]))
+    publishing.append(asyncio.create_task(bundler.publish("q", b"waits")))
+    await until(lambda: waiting(bundler, "q") == 1)  # ... the third waits
     assert [bodies for _, bodies in broker.sent] == [[b"a"], [b"b"]]
     await bundler.close()
     for task in publishing:
