@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from chaosapp import LEASE_TTL, ORDER, STEP_TIMEOUT
-from chaosharness import Cluster, Worker
+from chaosapp import ORDER
+from chaosharness import HANG_GUARD, Cluster, Worker
 
 from sasflow.examples.orders.remote import RemoteService
 
 pytestmark = pytest.mark.chaos
 
-TIMEOUT = STEP_TIMEOUT + LEASE_TTL + 15
 
 
 def test_compensations_run_once_per_completed_step_in_reverse_order(
@@ -23,7 +22,7 @@ def test_compensations_run_once_per_completed_step_in_reverse_order(
     tasks = orders(cluster, "c", 4)
     cluster.spawn("worker")
     cluster.wait_for("every task compensated",
-                     lambda: cluster.all_in(["compensated"], len(tasks)), timeout=TIMEOUT)
+                     lambda: cluster.all_in(["compensated"], len(tasks)), timeout=HANG_GUARD)
 
     assert_undone_once_in_reverse(cluster, remote, tasks)
     assert remote.stats()["deduplicated"] == 0, "nothing was interrupted: nothing repeated"
@@ -41,11 +40,11 @@ def test_compensation_interrupted_by_sigkill_is_applied_once(
     tasks = orders(cluster, "k", 3)
     victim = cluster.spawn("victim", hang_at=["undo:charge"])
     cluster.wait_for("the victim to refund every order and stall before replying",
-                     lambda: len(hangs(cluster, victim)) == len(tasks), timeout=20)
+                     lambda: len(hangs(cluster, victim)) == len(tasks), timeout=HANG_GUARD)
     victim.kill()
     survivor = cluster.spawn("survivor")
     cluster.wait_for("every task compensated by the survivor",
-                     lambda: cluster.all_in(["compensated"], len(tasks)), timeout=TIMEOUT)
+                     lambda: cluster.all_in(["compensated"], len(tasks)), timeout=HANG_GUARD)
 
     assert_undone_once_in_reverse(cluster, remote, tasks)
     assert remote.stats()["deduplicated"] >= len(tasks), "each refund repeated, deduplicated"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-from chaosapp import HOLD, LEASE_TTL, STEP_TIMEOUT
-from chaosharness import Cluster
+from chaosapp import HOLD, STEP_TIMEOUT
+from chaosharness import HANG_GUARD, Cluster
 
 pytestmark = pytest.mark.chaos
 
@@ -25,7 +25,7 @@ def test_resumed_scheduler_writes_nothing_after_its_tasks_were_released(
     # agents run in the frozen process too: their replies can only come after the resume
     frozen = cluster.spawn("frozen", roles=("scheduler", "agent"), slow=FROZEN_SLOW)
     cluster.wait_for("the frozen worker to start every task",
-                     lambda: len(cluster.in_flight(frozen.pid)) == TASKS, timeout=20)
+                     lambda: len(cluster.in_flight(frozen.pid)) == TASKS, timeout=HANG_GUARD)
     stopped_at = frozen.stop()
 
     # started only now, so nothing could be claimed before the freeze
@@ -33,13 +33,13 @@ def test_resumed_scheduler_writes_nothing_after_its_tasks_were_released(
     live = cluster.spawn("live", roles=("scheduler", "agent"), slow=0.05)
     cluster.wait_for("the live worker to finish the released tasks",
                      lambda: cluster.all_in(["processed"], TASKS),
-                     timeout=STEP_TIMEOUT + LEASE_TTL + 15)
+                     timeout=HANG_GUARD)
 
     resumed_at = frozen.resume()
     cluster.wait_for("the frozen worker's agents to finish their work after the resume",
-                     lambda: not cluster.in_flight(frozen.pid), timeout=15)
+                     lambda: not cluster.in_flight(frozen.pid), timeout=HANG_GUARD)
     frozen.signal(signal.SIGTERM)  # whatever it still holds, it tries to hand back now
-    assert frozen.popen.wait(timeout=15) == 0, frozen.tail()
+    assert frozen.popen.wait(timeout=HANG_GUARD) == 0, frozen.tail()
     # the frozen process is gone: anything it could have written is in the store by now
 
     history = cluster.history()

@@ -33,7 +33,7 @@ def test_sigkilled_worker_is_recovered_by_the_survivor_once_at_its_complete_by(
         "the victim to have 3+ slow steps in flight while the survivor is working",
         lambda: len(cluster.in_flight(victim.pid, "b")) >= 3
         and any(e.pid == survivor.pid for e in cluster.effects()),
-        timeout=20)
+        timeout=HANG_GUARD)
     killed_at = victim.kill()
     interrupted = cluster.in_flight(victim.pid)  # final: the victim writes nothing more
     assert interrupted, "the kill must land while the victim has steps in flight"

@@ -50,7 +50,7 @@ def test_postgres_supervisors_one_leader_and_takeover_after_leader_sigkill(
     task and epoch)."""
     supervisors = [dist.spawn(f"sup-{i}", roles=("supervisor",)) for i in (1, 2, 3)]
     by_name = {w.name: w for w in supervisors}
-    dist.wait_for("a supervisor to take the lease", dist.lease_row, timeout=20)
+    dist.wait_for("a supervisor to take the lease", dist.lease_row, timeout=RECOVERY)
     leader = by_name[holder(dist)[0]]
     first = [f"a{i:02d}" for i in range(BATCH)]
     second = [f"b{i:02d}" for i in range(BATCH)]
@@ -124,7 +124,7 @@ def test_postgres_frozen_leader_resumed_after_losing_the_lease_does_not_sweep(
     finds its lease (epoch 1) gone, stands by, and writes no recovery at all; every
     expiry is recovered once, by the lease holder."""
     supervisors = [dist.spawn(f"sup-{i}", roles=("supervisor",)) for i in (1, 2)]
-    dist.wait_for("a supervisor to take the lease", dist.lease_row, timeout=20)
+    dist.wait_for("a supervisor to take the lease", dist.lease_row, timeout=RECOVERY)
     [old] = [w for w in supervisors if w.name == holder(dist)[0]]
     [standby] = [w for w in supervisors if w is not old]
     first = [f"a{i:02d}" for i in range(BATCH)]
@@ -201,7 +201,7 @@ def stall(dist: DistCluster, name: str, tasks: int, *, kill: bool = True) -> Wor
     default) is SIGKILLed with all of them in flight: they expire at their complete-by."""
     worker = dist.spawn(name, roles=("scheduler", "agent"), slow=STALL)
     dist.wait_for(f"{name} to start {tasks} tasks",
-                  lambda: len(dist.in_flight(worker.pid)) == tasks, timeout=20)
+                  lambda: len(dist.in_flight(worker.pid)) == tasks, timeout=RECOVERY)
     if kill:
         worker.kill()
     return worker

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from chaosapp import LEASE_TTL, ORDER, STEP_TIMEOUT
-from chaosharness import Cluster
+from chaosapp import ORDER
+from chaosharness import HANG_GUARD, Cluster
 
 from sasflow.examples.orders.remote import RemoteService
 
@@ -24,13 +24,14 @@ def test_effect_applied_before_a_sigkill_is_not_applied_again(
     cluster.submit(ORDER, tasks)
     victim = cluster.spawn("victim", hang_at=["do:charge"])
     cluster.wait_for("the victim to charge every order and stall before replying",
-                     lambda: len(hangs(cluster, victim.pid, "charge")) == ORDERS, timeout=20)
+                     lambda: len(hangs(cluster, victim.pid, "charge")) == ORDERS,
+                     timeout=HANG_GUARD)
     killed_at = victim.kill()
     assert remote.stats()["effects_by_operation"]["charge"] == ORDERS
     survivor = cluster.spawn("survivor")
     cluster.wait_for("every order processed by the survivor",
                      lambda: cluster.all_in(["processed"], ORDERS),
-                     timeout=STEP_TIMEOUT + LEASE_TTL + 15)
+                     timeout=HANG_GUARD)
 
     stats = remote.stats()
     assert stats["duplicate_effects"] == 0, stats

@@ -17,11 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from chaosapp import INTERVAL, LEASE_TTL
-from chaosharness import Worker
+from chaosharness import HANG_GUARD, Worker
 from disthelpers import (
     ORDER,
-    ORDER_STEP_TIMEOUT,
     STEP_AGENT,
     DistCluster,
     postgres_schema,
@@ -36,7 +34,6 @@ ORDERS = 50
 WAVE = ORDERS // 2
 STEPS = ("reserve", "charge", "ship")
 SCHEDULER_CONCURRENCY = 16
-RECOVERY = ORDER_STEP_TIMEOUT + LEASE_TTL + INTERVAL + 10.0  # slack for a loaded machine
 
 
 @pytest.fixture
@@ -83,7 +80,7 @@ def test_postgres_roles_split_over_broker_with_an_agent_sigkilled(
     first, second = dict(list(orders.items())[:WAVE]), dict(list(orders.items())[WAVE:])
     dist.submit(ORDER, first)
     dist.wait_for("the victim to charge 3+ orders and stall before replying",
-                  lambda: len(hangs(dist, victim)) >= 3, timeout=20)
+                  lambda: len(hangs(dist, victim)) >= 3, timeout=HANG_GUARD)
 
     # 2. a second payments process joins; the second wave runs on both
     survivor = dist.spawn("payments-2", roles=("agent",), agents=["payments"])
@@ -92,7 +89,7 @@ def test_postgres_roles_split_over_broker_with_an_agent_sigkilled(
     dist.submit(ORDER, second)
     dist.wait_for("the second payments process to charge an order",
                   lambda: any(e.pid == survivor.pid and e.step == "charge" and e.event == "end"
-                              for e in dist.effects()), timeout=20)
+                              for e in dist.effects()), timeout=HANG_GUARD)
 
     # 3. SIGKILL the victim mid-run: its charges are applied and unanswered
     killed_at = victim.kill()
@@ -102,7 +99,7 @@ def test_postgres_roles_split_over_broker_with_an_agent_sigkilled(
     unfinished = {t for t, (state, *_) in dist.tasks().items() if state != "processed"}
     assert stalled & unfinished, "the kill must land while the victim holds unanswered charges"
     dist.wait_for(f"all {ORDERS} orders processed without the victim",
-                  lambda: dist.all_in(["processed"], ORDERS), timeout=RECOVERY + ORDERS * 0.2)
+                  lambda: dist.all_in(["processed"], ORDERS), timeout=HANG_GUARD)
     print(f"victim SIGKILL -> all {ORDERS} processed:"
           f" {max_at(dist) - killed_at:.2f}s; stalled charges: {len(stalled)}")
 
@@ -152,7 +149,7 @@ def test_postgres_roles_split_over_broker_with_an_agent_sigkilled(
 
 def wait_started(dist: DistCluster) -> None:
     dist.wait_for("every worker to start",
-                  lambda: all(dist.started(w) for w in dist.workers), timeout=30)
+                  lambda: all(dist.started(w) for w in dist.workers), timeout=HANG_GUARD)
 
 
 def hangs(dist: DistCluster, worker: Worker) -> set[str]:

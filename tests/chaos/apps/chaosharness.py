@@ -30,6 +30,10 @@ APPS = Path(__file__).parent
 T = TypeVar("T")
 
 ALL_ROLES = ("scheduler", "agent", "supervisor")
+# How long a wait may last before it is called a hang: worker processes that start,
+# stall and recover on a loaded 2-core machine are slow, never this slow. No wait
+# here is a claim about speed; bench/ measures that.
+HANG_GUARD = 120.0
 
 
 @dataclass(frozen=True)
