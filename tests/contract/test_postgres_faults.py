@@ -371,7 +371,7 @@ async def test_postgres_app_finishes_every_task_once_while_its_connections_are_k
         try:
             for n, task_id in enumerate(ids):
                 app.submit("three", {"n": n}, task_id=task_id)
-            return [app.wait(task_id, timeout=25) for task_id in ids]
+            return [app.wait(task_id, timeout=HANG_GUARD) for task_id in ids]
         finally:
             finished.set()
             app.stop()
@@ -550,15 +550,15 @@ async def test_postgres_calls_from_another_event_loop_than_the_roles(
     async def echo(req: AgentRequest) -> dict[str, Any]:
         return {"echo": req.input}
 
-    app.workflow("two", steps=[Step("first", agent="echo", timeout=10.0),
-                               Step("second", agent="echo", timeout=10.0)])
+    app.workflow("two", steps=[Step("first", agent="echo", timeout=600.0),
+                               Step("second", agent="echo", timeout=600.0)])
 
     async def client() -> list[Task]:
         async def one(n: int) -> Task:
             task_id = await app.asubmit("two", {"n": n}, task_id=f"web-{n:03}")
-            return await app.await_(task_id, timeout=20)
+            return await app.await_(task_id, timeout=HANG_GUARD)
 
-        async with asyncio.timeout(25):
+        async with asyncio.timeout(HANG_GUARD):
             return await asyncio.gather(*(one(n) for n in range(200)))
 
     def run() -> list[Task]:
