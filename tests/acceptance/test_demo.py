@@ -22,8 +22,9 @@ from sasflow.examples.orders.demo import run_demo
 ORDERS = 60
 
 
-def run(argv: list[str], timeout: float = 50.0) -> subprocess.CompletedProcess[str]:
-    """Run a command in its own session; on a timeout kill it and its workers."""
+def run(argv: list[str], timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    """Run a command in its own session; on a timeout kill it and its workers. The
+    timeout is a hang guard, past the demo's own 90 s: the demo says when it ran late."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SASFLOW_")}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
