@@ -69,6 +69,8 @@ def postgres_schema(tmp_path: Path) -> str:
 STORES: dict[str, Callable[[Path], str]] = {
     "postgres": postgres_schema,
     "sqlite": lambda tmp_path: f"sqlite:///{tmp_path / 'contract.db'}",
+    # the simulation's store: named per test, shared by the stores opened on that name
+    "memory": lambda tmp_path: f"memory://contract-{uuid.uuid4().hex}",
 }
 
 def redis_transport() -> str:

@@ -1,4 +1,5 @@
-"""State stores: SQLite (embedded default) and, with the `postgres` extra, PostgreSQL."""
+"""State stores: SQLite (embedded default), in-memory (tests) and, with the `postgres`
+extra, PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ __all__ = ["Store", "open_store"]
 
 def open_store(url: str, *, clock: Callable[[], float] | None = None,
                create: bool = True) -> Store:
-    """The store a URL names: ``sqlite:///path`` or ``postgresql://...``.
+    """The store a URL names: ``sqlite:///path``, ``postgresql://...`` or ``memory://NAME``.
 
     With ``create=False`` a store that does not exist yet is an error rather than
     a new empty one (for commands that only read).
@@ -32,6 +33,10 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None,
             ) from error
 
         return PostgresStore.from_url(url, clock=clock, create=create)
+    if url.startswith("memory:"):
+        from sasflow.store.memory import MemoryStore
+
+        return MemoryStore.from_url(url, clock=clock, create=create)
     raise ConfigurationError(
-        f"unknown store URL {url!r}: expected sqlite:///PATH or postgresql://..."
+        f"unknown store URL {url!r}: expected sqlite:///PATH, postgresql://... or memory://NAME"
     )
