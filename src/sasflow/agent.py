@@ -31,6 +31,7 @@ from sasflow.errors import ConfigurationError, PermanentError
 from sasflow.messages import Reply, Request, decode_request, encode, refuse_non_finite
 from sasflow.model import Phase
 from sasflow.resilience import RetryPolicy, call_with_retries
+from sasflow.testing import failpoints
 from sasflow.transport.base import Transport, agent_queue
 
 __all__ = ["AgentFunction", "AgentRequest", "AgentRuntime"]
@@ -138,6 +139,7 @@ class AgentRuntime:
         if budget <= 0:
             return  # already too late: silence (S5)
         call = self._caller(fn, request)
+        if failpoints.ARMED: await failpoints.hit("agent.before_call")  # noqa: E701
         try:
             async with asyncio.timeout(budget):
                 result = await call_with_retries(
@@ -155,6 +157,7 @@ class AgentRuntime:
             log.info("%s %s/%s: giving up: %r", agent.name, request.task_id, request.step, error)
             await self._reply(request, ok=False, error=f"{type(error).__name__}: {error}")
             return
+        if failpoints.ARMED: await failpoints.hit("agent.after_call")  # noqa: E701
         await self._reply(request, ok=True, result=result)
 
     def _caller(self, fn: Callable[[AgentRequest], Any], request: Request
@@ -184,4 +187,5 @@ class AgentRuntime:
                           epoch=request.epoch, ok=False, permanent=True,
                           error=f"result is not JSON-serialisable: {exc}")
             body = encode(reply)
+        if failpoints.ARMED: await failpoints.hit("agent.before_reply")  # noqa: E701
         await self.transport.publish(request.reply_to, body)

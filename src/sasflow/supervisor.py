@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 
 from sasflow.plan import Plan
 from sasflow.store.base import Store
+from sasflow.testing import failpoints
 from sasflow.transition import LeaseFence, Transition
 
 __all__ = ["LEASE_NAME", "Supervisor"]
@@ -109,6 +110,7 @@ class Supervisor:
             if not transitions:
                 return total
             # applied together: the store group-commits them
+            if failpoints.ARMED: await failpoints.hit("supervisor.before_recover")  # noqa: E701
             applied = await asyncio.gather(*(self.store.apply(t) for t in transitions))
             for transition, ok in zip(transitions, applied, strict=True):
                 if ok:

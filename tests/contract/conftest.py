@@ -88,6 +88,8 @@ def rabbitmq_transport() -> str:
 # backend name -> the URL of a transport for one test (queue names are made unique)
 TRANSPORTS: dict[str, Callable[[], str]] = {
     "memory": lambda: "memory",
+    # the simulation's broker (sasflow.testing), faults off: a plain broker with acks
+    "sim": lambda: "sim",
     "redis": redis_transport,
     "rabbitmq": rabbitmq_transport,
 }

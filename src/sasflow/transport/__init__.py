@@ -21,6 +21,10 @@ def open_transport(url: str | None, *,
         from sasflow.transport.memory import MemoryTransport
 
         return MemoryTransport(max_message_bytes=max_message_bytes)
+    if url == "sim":  # sasflow.testing's simulated broker, with no faults injected
+        from sasflow.testing.transport import SimTransport
+
+        return SimTransport(max_message_bytes=max_message_bytes)
     if url.startswith(("amqp://", "amqps://")):
         try:
             from sasflow.transport.amqp import AmqpTransport
