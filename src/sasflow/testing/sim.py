@@ -29,6 +29,7 @@ from typing import Any
 
 from sasflow.agent import AgentRequest
 from sasflow.app import App
+from sasflow.model import Task
 from sasflow.store.memory import MemoryStore
 from sasflow.testing.clock import VirtualClock, VirtualClockLoop
 from sasflow.testing.faults import FAULT_KINDS, Decisions, Schedule
@@ -173,7 +174,8 @@ class _Run:
             now = self.loop.time()
             if now < s.window or len(self.submitted) < len(s.tasks):
                 continue
-            if all(t.terminal for t in await self._tasks()) or now > s.window + HORIZON:
+            if all(t is not None and t.terminal for t in await self.tasks()) or (
+                    now > s.window + HORIZON):
                 break
         return await self._verdict()
 
@@ -181,11 +183,11 @@ class _Run:
         self.decisions.note("clock-jump", f"clock jump {seconds:+g}s")
         self.clock.jump(seconds)
 
-    async def _tasks(self) -> list[Any]:
+    async def tasks(self) -> list[Task | None]:
         return [await self.store.get(task_id) for task_id in self.submitted]
 
     async def _verdict(self) -> list[str]:
-        tasks = {t.task_id: t for t in await self._tasks() if t is not None}
+        tasks = {t.task_id: t for t in await self.tasks() if t is not None}
         history = {task_id: await self.store.history(task_id) for task_id in self.submitted}
         compensable = frozenset(a for a, undo in self.schedule.agents.items() if undo)
         attempts = dict.fromkeys(self.schedule.agents, self.schedule.retry_attempts)
@@ -209,12 +211,14 @@ class _Run:
             task.cancel()
         await asyncio.gather(*rest, return_exceptions=True)
 
-    def digest(self) -> str:
+    async def digest(self) -> str:
         """A fingerprint of everything the run did, to compare two runs of one seed."""
         h = hashlib.sha256()
-        for entry in self.store._data.history:
-            h.update(repr((entry.task_id, entry.step, entry.phase, entry.at, entry.actor,
-                           entry.epoch, entry.from_state, entry.to_state, entry.why)).encode())
+        for task_id in self.submitted:
+            for entry in await self.store.history(task_id):
+                h.update(repr((entry.task_id, entry.step, entry.phase, entry.at, entry.actor,
+                               entry.epoch, entry.from_state, entry.to_state,
+                               entry.why)).encode())
         for attempt in self.remote.attempts:
             h.update(repr(attempt).encode())
         for effect in self.remote.effects:
@@ -240,6 +244,8 @@ def run(seed: int, *, trace: bool = False) -> Outcome:
             violations = loop.run_until_complete(simulation.simulate())
         except RuntimeError as error:  # the loop's own guard: time stood still too long
             violations = [f"hot loop: {error}"]
+        digest = loop.run_until_complete(simulation.digest())
+        tasks = loop.run_until_complete(simulation.tasks())
         loop.run_until_complete(simulation.stop())
     finally:
         sasflow_log.removeHandler(simulation.logs)
@@ -250,10 +256,9 @@ def run(seed: int, *, trace: bool = False) -> Outcome:
     if simulation.logs.count > 50 * max(loop.time(), 1.0):
         violations.append(f"hot loop: {simulation.logs.count} log records in"
                           f" {loop.time():.0f} virtual seconds")
-    tasks = [t for t in simulation.store._data.tasks.values()]
-    return Outcome(seed=seed, violations=violations, digest=simulation.digest(),
+    return Outcome(seed=seed, violations=violations, digest=digest,
                    virtual_seconds=loop.time(), injected=simulation.decisions.injected,
-                   states=collections.Counter(t.state for t in tasks),
+                   states=collections.Counter(t.state.value for t in tasks if t is not None),
                    schedule=schedule.describe(), faults_log=simulation.decisions.log,
                    log_lines=simulation.logs.lines)
 
