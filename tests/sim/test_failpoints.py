@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import Counter
 
 import pytest
@@ -121,3 +122,22 @@ def test_arming_an_unknown_point_is_refused() -> None:
     with pytest.raises(ValueError, match=r"unknown failpoint 'scheduler\.nowhere'"):
         failpoints.arm("scheduler.nowhere", failpoints.Crash())
     assert not failpoints.ARMED
+
+
+def test_a_sync_agent_runs_in_its_thread_while_virtual_time_waits() -> None:
+    """A sync agent works under SimulatedApp: its thread's real time is not counted, so
+    a 1 s step whose agent takes real milliseconds completes at virtual time ~0."""
+    app = App()
+
+    @app.agent("inventory")
+    def reserve(req: AgentRequest) -> dict[str, int]:
+        threading.Event().wait(0.05)  # real work in the agent's thread
+        return {"reserved": 1}
+
+    app.workflow("stock", [Step("reserve", agent="inventory", timeout=1.0)])
+    with SimulatedApp(app) as sim:
+        sim.start_worker("w1")
+        task = sim.wait(sim.submit("stock", {}))
+        assert task.state.value == "processed"
+        assert task.steps[0].attempts == 1
+        assert sim.elapsed < 1.0

@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from sasflow.model import Task
+from sasflow.plan import Plan
 from sasflow.scheduler import Scheduler
 from sasflow.store.memory import MemoryStore
 from sasflow.supervisor import Supervisor
@@ -124,6 +126,21 @@ def test_a_remote_that_does_not_deduplicate_is_caught(monkeypatch: pytest.Monkey
     monkeypatch.setattr(SimRemote, "_apply", forgetful)
     found = failing(range(0, 200))
     assert any("applied 2 times" in line for lines in found.values() for line in lines), found
+
+
+def test_a_saga_undone_first_to_last_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planner that undoes the earliest completed step first breaks the reverse order
+    (or leaves later effects standing): the simulation reports it."""
+    needs_undo = Plan._needs_undo
+
+    def earliest_first(self: Plan, task: Task, index: int) -> bool:
+        return needs_undo(self, task, index) and not any(
+            needs_undo(self, task, earlier) for earlier in range(index))
+
+    monkeypatch.setattr(Plan, "_needs_undo", earliest_first)
+    found = failing(range(0, 300))
+    assert any("not last to first" in line or "stands" in line
+               for lines in found.values() for line in lines), found
 
 
 def test_a_supervisor_that_never_recovers_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,6 +27,7 @@ __all__ = ["FAULT_KINDS", "Decisions", "Schedule", "StepPlan", "TaskPlan", "Work
 FAULT_KINDS = (
     "crash",            # an instance dies at a gate passage (any await that touches the world)
     "pause",            # an instance freezes, past deadlines and leases, then goes on
+    "stop",             # an instance is stopped cleanly (SIGTERM) mid-work and replaced
     "drop",             # a message is lost
     "duplicate",        # a message arrives twice
     "delay",            # a message arrives late
@@ -102,7 +103,7 @@ class Schedule:
         for kind in FAULT_KINDS:
             if rng.random() < 0.45:
                 s.kinds[kind] = round(rng.uniform(0.02, 0.3), 3)
-        if "crash" in s.kinds or "pause" in s.kinds:
+        if {"crash", "pause", "stop"} & s.kinds.keys():
             s.max_crashes = rng.randint(1, 4)
         if "clock-jump" in s.kinds:
             s.clock_jumps = [(round(rng.uniform(0, s.window), 3),
@@ -199,9 +200,10 @@ class Decisions:
         return round(self._remote.uniform(0.5, 15.0), 3)
 
     def crash_point(self) -> tuple[str, int, float] | None:
-        """For a new instance: crash or pause it at its n-th gate passage (and for how long)."""
+        """For a new instance: crash, pause or stop it at its n-th gate passage (a pause's
+        length too)."""
         rng = self._processes
-        kinds = [k for k in ("crash", "pause") if k in self.s.kinds]
+        kinds = [k for k in ("crash", "pause", "stop") if k in self.s.kinds]
         if not kinds or self.crashes >= self.s.max_crashes:
             return None
         self.crashes += 1

@@ -144,7 +144,10 @@ class _Run:
             gate.pause()
             self.loop.call_later(pause, gate.resume)
             return
-        gate.crash()
+        if kind == "stop":  # SIGTERM: it hands back what it holds as it stops
+            self.workers[self.gates.index(gate)].cancel()
+        else:
+            gate.crash()
         self.generation += 1
         replacement = f"{gate.instance_id.split('.')[0]}.{self.generation}"
         self.loop.call_later(self.decisions.restart_delay(), self.start_instance, replacement,
