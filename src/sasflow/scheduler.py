@@ -164,6 +164,14 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         try:
             await self._run_units(task, plan, loop)
+        except Exception:
+            # A failed driver (the transport or the store raised) forgets its task and
+            # leaves it to expire: the supervisor then releases it and counts a failure
+            # (S8), which bounds retries of a lasting fault. Handing it back at once
+            # would claim and fail again in a hot loop, and could start a request
+            # already published a second time before its complete-by.
+            self._held.pop(task.task_id, None)
+            raise
         finally:
             if task.locked_by != self.instance_id:
                 self._held.pop(task.task_id, None)
