@@ -141,3 +141,21 @@ def test_a_sync_agent_runs_in_its_thread_while_virtual_time_waits() -> None:
         assert task.state.value == "processed"
         assert task.steps[0].attempts == 1
         assert sim.elapsed < 1.0
+
+
+def test_a_failed_write_does_not_leave_a_stale_snapshot_to_hand_back() -> None:
+    """The store fails the write of a step's completion; stopping the worker then must not
+    hand the task back as if that write had applied: no step is skipped."""
+    remote = Remote()
+    with SimulatedApp(order_app(remote)) as sim:
+        sim.start_worker("w1")
+        sim.fail_store_calls("apply")  # the charge's completion: not written
+        task_id = sim.submit("order", {}, task_id="o-1")
+        sim.run_for(1)
+        sim.stop_worker("w1")
+        sim.start_worker("w2")
+        task = sim.wait(task_id)
+        assert task.state.value == "processed"
+        assert [(s.name, s.state.value) for s in task.steps] == [
+            ("charge", "completed"), ("ship", "completed")]
+        assert task.steps[0].result == {"done": "charge o-1"}

@@ -18,10 +18,12 @@ import collections
 import random
 from dataclasses import dataclass, field
 
+from sasflow.testing.failpoints import POINTS
 from sasflow.testing.remote import HANG, HANG_THEN_APPLY, LOST_REPLY, OK, PERMANENT, TRANSIENT
 from sasflow.testing.transport import Delivery
 
-__all__ = ["FAULT_KINDS", "Decisions", "Schedule", "StepPlan", "TaskPlan", "WorkflowPlan"]
+__all__ = ["FAULT_KINDS", "PASSAGES", "CrashPoint", "Decisions", "Schedule", "StepPlan",
+           "TaskPlan", "WorkflowPlan"]
 
 # Every kind of fault a schedule can draw (docs/reliability.md lists them).
 FAULT_KINDS = (
@@ -39,6 +41,8 @@ FAULT_KINDS = (
     "remote-permanent",  # the remote service refuses for good
     "remote-lost-reply",  # the remote applies the effect and the reply is lost
     "remote-hang",      # the remote answers past the deadline (sometimes applying late)
+    "operator",         # an operator retries, compensates or cancels a task, racing the actors
+    "failpoint",        # a named failpoint in an actor crashes, pauses or fails an instance
 )
 
 ROLE_SETS = (("scheduler", "agent", "supervisor"), ("scheduler", "agent", "supervisor"),
@@ -131,6 +135,24 @@ class Schedule:
         return "\n".join(lines)
 
 
+# Where a crash point may fall: the n-th passage of one kind through the gate (on
+# the way to the world, or with its answer), or "" for the n-th passage of any kind.
+# Counting one kind reaches the writes that matter as often as the idle polls.
+PASSAGES = ("", "", "store.claim", "store.claim.answer", "store.apply", "store.apply.answer",
+            "store.expired", "store.acquire_lease", "transport.publish",
+            "transport.publish.answer", "remote.call", "remote.call.answer")
+
+
+@dataclass(frozen=True, slots=True)
+class CrashPoint:
+    """Crash, pause or stop an instance at its n-th passage of `passage` ("" any)."""
+
+    kind: str
+    passage: str
+    n: int
+    pause: float
+
+
 class Decisions:
     """The run-time draws of a schedule, each kind from its own seeded stream."""
 
@@ -142,6 +164,8 @@ class Decisions:
         self._store = random.Random(f"store:{seed}")
         self._remote = random.Random(f"remote:{seed}")
         self._processes = random.Random(f"processes:{seed}")
+        self._operator = random.Random(f"operator:{seed}")
+        self._failpoints = random.Random(f"failpoints:{seed}")
         self.crashes = 0
         self.log: list[str] = []  # what was injected, in order (printed on a replay)
         self.injected: collections.Counter[str] = collections.Counter()  # by fault kind
@@ -199,15 +223,38 @@ class Decisions:
     def hang_for(self) -> float:
         return round(self._remote.uniform(0.5, 15.0), 3)
 
-    def crash_point(self) -> tuple[str, int, float] | None:
-        """For a new instance: crash, pause or stop it at its n-th gate passage (a pause's
-        length too)."""
+    def crash_point(self) -> CrashPoint | None:
+        """For a new instance: where to crash, pause or stop it (and a pause's length)."""
         rng = self._processes
         kinds = [k for k in ("crash", "pause", "stop") if k in self.s.kinds]
         if not kinds or self.crashes >= self.s.max_crashes:
             return None
         self.crashes += 1
-        return (rng.choice(kinds), rng.randint(1, 250), round(rng.uniform(0.1, 20.0), 3))
+        kind = rng.choice(kinds)
+        pause = round(rng.uniform(0.1, 20.0), 3)
+        passage = rng.choice(PASSAGES)
+        if passage == "":  # any passage: most of them are idle polls
+            return CrashPoint(kind, "", rng.randint(1, 250), pause)
+        return CrashPoint(kind, passage, rng.randint(1, 12), pause)
 
     def restart_delay(self) -> float:
         return round(self._processes.uniform(0.05, 5.0), 3)
+
+    def failpoint_plan(self) -> list[tuple[str, str, str, int, float]]:
+        """The failpoints armed for the run: (point, crash | pause | raise, instance,
+        times, a pause's length)."""
+        rng = self._failpoints
+        if "failpoint" not in self.s.kinds:
+            return []
+        return [(rng.choice(POINTS), rng.choice(("crash", "pause", "raise")),
+                 rng.choice(self.s.instances)[0], rng.randint(1, 3),
+                 round(rng.uniform(0.1, 20.0), 3))
+                for _ in range(rng.randint(1, 2))]
+
+    def operator_action(self) -> tuple[str, float] | None:
+        """For a task just submitted: an operator action on it, and how much later."""
+        rng = self._operator
+        if rng.random() >= self.rate("operator"):
+            return None
+        return (rng.choice(("retry", "compensate", "cancel")),
+                round(rng.uniform(0.0, self.s.window), 3))

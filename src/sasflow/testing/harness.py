@@ -73,7 +73,8 @@ class SimulatedApp:
         # the app's own store and transport become the simulated ones (reads and
         # submissions from the test go straight to them; workers pass their gates)
         app.clock = self.clock
-        app._store = GatedStore(self.store)
+        self._store_faults: list[tuple[str, str]] = []  # (verb, "before" | "after"), in order
+        app._store = GatedStore(self.store, fault=self._store_fault)
         app._transport = self.transport
         if seed is not None:
             random.seed(seed)  # the agents' retry jitter: the same run every time
@@ -149,6 +150,18 @@ class SimulatedApp:
             await asyncio.gather(instance.task, return_exceptions=True)
 
         self.run(stopped())
+
+    def fail_store_calls(self, verb: str, *, times: int = 1, lost_answer: bool = False) -> None:
+        """Make the next `times` calls of the store verb `verb` by a worker raise StoreError:
+        before the call is applied, or (`lost_answer`) after it is applied."""
+        self._store_faults += [(verb, "after" if lost_answer else "before")] * times
+
+    def _store_fault(self, verb: str) -> str | None:
+        for i, (failing, when) in enumerate(self._store_faults):
+            if failing == verb:
+                del self._store_faults[i]
+                return when
+        return None
 
     # ------------------------------------------------------------ tasks
     def submit(self, workflow: str, input: Any = None, *, task_id: str | None = None) -> str:

@@ -13,7 +13,8 @@ What they check (docs/reliability.md, SPEC R6):
   a processed task undid nothing;
 - bounded retries: no dispatch made more attempts than its agent's policy,
   no unit was dispatched more often than its workflow's max_failures allows
-  (plus the times a worker stopping cleanly handed it back, counting no failure);
+  (plus the times a worker stopping cleanly handed it back, counting no
+  failure, and again after each operator command);
 - one alert per incident: one alert for each move of a task to error;
 - no hot loop: a bound on gate passages per virtual second.
 """
@@ -154,7 +155,9 @@ def _bounded_retries(task: Task, entries: list[HistoryEntry], remote: SimRemote,
     # a worker stopping cleanly hands its unit back without counting a failure
     handed_back = sum(1 for e in entries
                       if e.step is None and e.why is not None and e.why.endswith("on shutdown"))
-    allowed_dispatches = policy.max_failures + handed_back
+    # and each operator command (retry, compensate) may start a unit again
+    retried = sum(1 for e in entries if e.step is None and e.actor == "operator")
+    allowed_dispatches = (policy.max_failures + handed_back) * (1 + retried)
     for attempt in remote.attempts:
         allowed = policy.retry_attempts.get(attempt.agent, 0)
         if attempt.task_id == task.task_id and attempt.attempt > allowed:
@@ -167,7 +170,7 @@ def _bounded_retries(task: Task, entries: list[HistoryEntry], remote: SimRemote,
         out += [f"{task.task_id}: {step.name}/{phase} dispatched {n} times"
                 f" (max_failures {policy.max_failures}, handed back {handed_back})"
                 for phase, n in units if n > allowed_dispatches]
-    if task.failure_count > policy.max_failures + 1:
+    if task.failure_count > (policy.max_failures + 1) * (1 + retried):
         out.append(f"{task.task_id}: {task.failure_count} failures counted"
                    f" (max_failures {policy.max_failures})")
     return out

@@ -23,16 +23,18 @@ import multiprocessing
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sasflow.agent import AgentRequest
 from sasflow.app import App
+from sasflow.errors import InvalidTransitionError
 from sasflow.model import Task
 from sasflow.store.memory import MemoryStore
+from sasflow.testing import failpoints
 from sasflow.testing.clock import VirtualClock, VirtualClockLoop
-from sasflow.testing.faults import FAULT_KINDS, Decisions, Schedule
+from sasflow.testing.faults import FAULT_KINDS, CrashPoint, Decisions, Schedule
 from sasflow.testing.gate import Gate, GatedStore, run_in_instance
 from sasflow.testing.invariants import Policy, check
 from sasflow.testing.remote import SimRemote
@@ -62,6 +64,22 @@ class Outcome:
     schedule: str = ""
     faults_log: list[str] = field(default_factory=list)
     log_lines: list[str] = field(default_factory=list)
+
+
+class _Noted(failpoints.Action):
+    """A failpoint action of the schedule: noted when it fires, inert after the window."""
+
+    def __init__(self, action: failpoints.Action, decisions: Decisions, what: str, *,
+                 times: int, only: list[str]) -> None:
+        super().__init__(times=times, only=only)
+        self.action, self.decisions, self.what = action, decisions, what
+
+    async def fire(self, point: str, gate: Gate | None) -> None:
+        if not self.decisions.active:
+            return
+        who = gate.instance_id if gate is not None else "?"
+        self.decisions.note("failpoint", f"failpoint: {self.what} in {who}")
+        await self.action.fire(point, gate)
 
 
 class _Counting(logging.Handler):
@@ -117,8 +135,11 @@ class _Run:
         self.app._store = GatedStore(self.store, fault=self.decisions.store_call)
         self.app._transport = self.transport
         self.gates: list[Gate] = []
+        self.passages_of: collections.defaultdict[Gate, collections.Counter[str]] = (
+            collections.defaultdict(collections.Counter))
         self.workers: list[asyncio.Task[None]] = []
         self.submitted: list[str] = []
+        self.operators: list[asyncio.Task[None]] = []
         self.per_second: collections.Counter[int] = collections.Counter()
         self.generation = 0
         self.logs = _Counting(self.clock, trace)
@@ -126,40 +147,82 @@ class _Run:
     def start_instance(self, instance_id: str, roles: Sequence[str]) -> None:
         point = self.decisions.crash_point()
         gate = Gate(instance_id, hook=lambda g, what: self._passage(g, what, point, roles))
+        gate.on_crash.append(lambda: self._replace(gate, roles))
         worker = self.app.worker(roles=roles, instance_id=instance_id,
                                  supervisor_interval=SUPERVISOR_INTERVAL)
         on_virtual_time(worker, self.clock)
         self.gates.append(gate)
         self.workers.append(run_in_instance(gate, worker.run()))
 
-    def _passage(self, gate: Gate, what: str, point: tuple[str, int, float] | None,
-                 roles: Sequence[str]) -> None:
-        self.per_second[int(self.loop.time())] += 1
-        if point is None or gate.passages != point[1] or not self.decisions.active:
-            return
-        kind, _, pause = point
-        self.decisions.note(kind, f"{kind} {gate.instance_id} at passage {gate.passages}"
-                                  f" ({what}){f' for {pause:g}s' if kind == 'pause' else ''}")
-        if kind == "pause":
-            gate.pause()
-            self.loop.call_later(pause, gate.resume)
-            return
-        if kind == "stop":  # SIGTERM: it hands back what it holds as it stops
-            self.workers[self.gates.index(gate)].cancel()
-        else:
-            gate.crash()
+    def _replace(self, gate: Gate, roles: Sequence[str]) -> None:
+        """What systemd's Restart=always does: a new instance, a little later."""
         self.generation += 1
         replacement = f"{gate.instance_id.split('.')[0]}.{self.generation}"
         self.loop.call_later(self.decisions.restart_delay(), self.start_instance, replacement,
                              roles)
 
+    def _passage(self, gate: Gate, what: str, point: CrashPoint | None,
+                 roles: Sequence[str]) -> None:
+        self.per_second[int(self.loop.time())] += 1
+        if point is None or not self.decisions.active or (
+                point.passage and what != point.passage):
+            return
+        counts = self.passages_of[gate]
+        counts[point.passage] += 1
+        if counts[point.passage] != point.n:
+            return
+        kind, pause = point.kind, point.pause
+        self.decisions.note(kind, f"{kind} {gate.instance_id} at its {point.n}th"
+                                  f" {point.passage or 'passage'} ({what})"
+                                  f"{f' for {pause:g}s' if kind == 'pause' else ''}")
+        if kind == "pause":
+            gate.pause()
+            self.loop.call_later(pause, gate.resume)
+        elif kind == "stop":  # SIGTERM: it hands back what it holds as it stops
+            self.workers[self.gates.index(gate)].cancel()
+            self._replace(gate, roles)
+        else:
+            gate.crash()  # its replacement follows (on_crash)
+
+    def arm_failpoints(self) -> None:
+        actions: dict[str, Callable[[float], failpoints.Action]] = {
+            "crash": lambda seconds: failpoints.Crash(),
+            "pause": lambda seconds: failpoints.Pause(seconds),
+            "raise": lambda seconds: failpoints.Raise(RuntimeError("failpoint")),
+        }
+        for point, kind, instance_id, times, seconds in self.decisions.failpoint_plan():
+            failpoints.arm(point, _Noted(actions[kind](seconds), self.decisions,
+                                         f"{kind} at {point}", times=times, only=[instance_id]))
+
     def submit(self, task_id: str, workflow: str) -> None:
         new = self.app.new_task(workflow, {"n": len(self.submitted)}, task_id=task_id)
         self.store.submit_blocking(new)  # acknowledged: from here on it must end
         self.submitted.append(task_id)
+        action = self.decisions.operator_action()
+        if action is not None:
+            what, later = action
+            self.loop.call_later(later, self._operate, what, task_id)
+
+    def _operate(self, what: str, task_id: str) -> None:
+        """An operator's command, made whatever the task is doing (it may be refused)."""
+        if not self.decisions.active:
+            return
+        act = {"retry": self.app.aretry, "compensate": self.app.acompensate,
+               "cancel": self.app.acancel}[what]
+
+        async def command() -> None:
+            try:
+                await act(task_id)
+            except InvalidTransitionError:
+                self.decisions.note("operator", f"operator {what} {task_id}: refused")
+            else:
+                self.decisions.note("operator", f"operator {what} {task_id}")
+
+        self.operators.append(self.loop.create_task(command()))
 
     def end_faults(self) -> None:
         self.decisions.active = False
+        failpoints.reset()
         for gate in self.gates:
             gate.resume()
 
@@ -170,6 +233,7 @@ class _Run:
         for at, seconds in s.clock_jumps:
             self.loop.call_later(at, self._jump, seconds)
         self.loop.call_later(s.window, self.end_faults)
+        self.arm_failpoints()
         for instance_id, roles in s.instances:
             self.start_instance(instance_id, roles)
         while True:
@@ -255,6 +319,7 @@ def run(seed: int, *, trace: bool = False) -> Outcome:
         sasflow_log.setLevel(level)
         sasflow_log.propagate = propagate
         random.setstate(state)
+        failpoints.reset()
         loop.close()
     if simulation.logs.count > 50 * max(loop.time(), 1.0):
         violations.append(f"hot loop: {simulation.logs.count} log records in"
