@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +161,16 @@ def test_a_failed_write_does_not_leave_a_stale_snapshot_to_hand_back() -> None:
         assert [(s.name, s.state.value) for s in task.steps] == [
             ("charge", "completed"), ("ship", "completed")]
         assert task.steps[0].result == {"done": "charge o-1"}
+
+
+def test_the_testing_package_exports_what_the_docs_use() -> None:
+    """`from sasflow.testing import SimulatedApp, failpoints` (docs/testing.md) works, and
+    every point the docs list is a known failpoint."""
+    import sasflow.testing
+
+    assert sorted(sasflow.testing.__all__) == ["SimulatedApp", "failpoints"]
+    for name in sasflow.testing.__all__:
+        assert getattr(sasflow.testing, name) is not None
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
+    listed = re.findall(r"^\| `([a-z]+\.[a-z_]+)` \|", docs, flags=re.MULTILINE)
+    assert listed == list(failpoints.POINTS)
