@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from sasflow import App, PermanentError, Step
 from sasflow.agent import AgentRequest
@@ -73,3 +77,17 @@ def test_an_undeliverable_order_is_refunded_once(
     assert done.state.value == "compensated"
     assert [what for what, _ in ledger] == ["charge", "refund"]
     assert sim.alerts() == []
+
+
+def test_the_docs_example_passes_in_a_project_of_its_own(tmp_path: Path) -> None:
+    """docs/testing.md's example, saved as a user's test file outside this repository,
+    passes under plain pytest: the fixture comes from sasflow's installed plugin."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", docs, flags=re.DOTALL)[0]
+    (tmp_path / "test_orders.py").write_text(example)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-o", "asyncio_default_fixture_loop_scope=function", "test_orders.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
