@@ -19,7 +19,9 @@ import click
 
 from sasflow.cli.commands import demo, submit, worker
 from sasflow.cli.db import db
+from sasflow.cli.dead_letters import dead_letters
 from sasflow.cli.health import healthcheck
+from sasflow.cli.migrate import migrate_tasks
 from sasflow.cli.operate import alerts, tasks
 from sasflow.errors import SasflowError
 
@@ -41,8 +43,9 @@ def cli() -> None:
     """
 
 
-for command in (demo, worker, submit, tasks, alerts, db, healthcheck):
+for command in (demo, worker, submit, tasks, alerts, dead_letters, db, healthcheck):
     cli.add_command(command)
+tasks.add_command(migrate_tasks)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

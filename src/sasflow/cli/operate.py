@@ -182,7 +182,7 @@ def cancel_task(ctx: click.Context, task_id: str, as_json: bool,
 @connection_options
 @click.pass_context
 def alerts(ctx: click.Context, app_ref: AppRef | None, store: str | None) -> None:
-    """Operator alerts, raised when a task goes to error."""
+    """Operator alerts: a task gone to error, or an incident (work no live worker takes)."""
     ctx.obj = Connection(app_ref=app_ref, store=store)
 
 

@@ -38,15 +38,17 @@ from sasflow.model import (
     TaskState,
 )
 from sasflow.plan import Plan
-from sasflow.store.base import Alert, HistoryEntry, Instance, NewTask, OutboxMessage
-from sasflow.store.rows import check_legal, implied_rows, status_row
+from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
+from sasflow.store.rows import check_legal, claim_transition, implied_rows, status_row
 from sasflow.transition import Transition
+from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["MemoryStore"]
 
 _decode = msgspec.json.decode
 _OUTBOX_LEASE_S = 30.0  # as the SQL stores: a relay that dies gives its messages back then
 _CLAIMABLE = (TaskState.PENDING.value, TaskState.COMPENSATING.value)
+_UNFINISHED = (*_CLAIMABLE, TaskState.PROCESSING.value)
 
 
 @dataclass(slots=True)
@@ -66,6 +68,7 @@ class _TaskRow:
     failure_count: int = 0
     epoch: int = 0
     error: str | None = None
+    version: str | None = None  # of its workflow, as planned (R4)
     units: dict[tuple[str, int], _UnitRow] = field(default_factory=dict)
 
 
@@ -109,6 +112,7 @@ class _Data:
         self.outbox: dict[int, _Outbox] = {}
         self.leases: dict[str, _Lease] = {}
         self.instances: dict[str, Instance] = {}
+        self.dead_letters: dict[str, DeadLetter] = {}  # by id: one written twice is kept once
         self.ids = itertools.count(1)
         # watchers: (callback, its loop, its thread), told when work becomes claimable
         self.watchers: list[tuple[Callable[[float], None], asyncio.AbstractEventLoop, int]] = []
@@ -173,7 +177,7 @@ class MemoryStore:
         row = _TaskRow(task_id=task.task_id, workflow=task.workflow,
                        input_json=bytes(task.input_json), state=TaskState.PENDING.value,
                        available_at=now, reply_to=task.reply_to, created_at=now,
-                       updated_at=now)
+                       updated_at=now, version=task.version)
         for index, (name, agent, key) in enumerate(task.steps):
             row.units[(Phase.DO.value, index)] = _UnitRow(
                 name=name, agent=agent, state=StepState.PENDING.value, idempotency_key=key)
@@ -191,17 +195,20 @@ class MemoryStore:
     async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
         if not plans or limit <= 0:
             return []
+        # only the versions declared here (R4)
+        versions = {name: plan.workflow.version for name, plan in plans.items()}
         claimed: list[Task] = []
         with self._data.lock:
             now = self.now()
             runnable = sorted(
                 (row for row in self._data.tasks.values()
                  if row.locked_by is None and row.state in _CLAIMABLE
-                 and row.available_at <= now and row.workflow in plans),
+                 and row.available_at <= now and versions.get(row.workflow) == row.version),
                 key=lambda row: row.available_at)[:limit]
             for row in runnable:
                 task = _task(row)
-                if self._apply(plans[row.workflow].claim(task, owner, now), now):
+                transition = claim_transition(plans[row.workflow], task, owner, now)
+                if transition is not None and self._apply(transition, now):
                     claimed.append(_task(row))
         return claimed
 
@@ -235,6 +242,8 @@ class MemoryStore:
         row.failure_count, row.error = t.failure_count, t.error
         row.epoch += int(t.claim)
         row.updated_at = now
+        if t.version is not None:
+            row.version = t.version
         for kind, values in implied_rows(t, now):
             if kind == "history":
                 task_id, step, phase, at, actor, epoch, from_state, to_state, why = values
@@ -249,6 +258,11 @@ class MemoryStore:
             elif kind == "outbox":
                 queue, body, _ = values
                 self._add_outbox(queue, body)
+            elif kind == "drop":  # a migration to a shorter shape: the steps past its end
+                _, steps_from = values
+                for key in [k for k in row.units if k[0] == Phase.DO.value
+                            and k[1] >= steps_from]:
+                    del row.units[key]
             else:
                 task_id, step, agent, at, message = values
                 data.alerts.append(Alert(id=next(data.ids), task_id=task_id, step=step,
@@ -256,20 +270,59 @@ class MemoryStore:
         return True
 
     # ------------------------------------------------------------ supervisor
-    async def expired(self, limit: int) -> list[Task]:
+    async def expired(self, limit: int, workflows: Collection[str] | None = None
+                      ) -> list[Task]:
+        names = None if workflows is None else set(workflows)
         with self._data.lock:
             now = self.now()
             rows = sorted((row for row in self._data.tasks.values()
                            if row.locked_by is not None and row.complete_by is not None
-                           and row.complete_by < now),
+                           and row.complete_by < now
+                           and (names is None or row.workflow in names)),
                           key=lambda row: (row.complete_by, row.task_id))
             return [_task(row) for row in rows[:limit]]
 
-    async def next_expiry(self) -> float | None:
+    async def next_expiry(self, workflows: Collection[str] | None = None) -> float | None:
+        names = None if workflows is None else set(workflows)
         with self._data.lock:
             return min((row.complete_by for row in self._data.tasks.values()
-                        if row.locked_by is not None and row.complete_by is not None),
+                        if row.locked_by is not None and row.complete_by is not None
+                        and (names is None or row.workflow in names)),
                        default=None)
+
+    # ------------------------------------------------------------ incidents (R4)
+    async def census(self) -> Census:
+        versions: dict[tuple[str, str | None], int] = {}
+        agents: dict[tuple[str, str | None, str], int] = {}
+        with self._data.lock:
+            for row in self._data.tasks.values():
+                if row.state not in _UNFINISHED:
+                    continue
+                shape = (row.workflow, row.version)
+                versions[shape] = versions.get(shape, 0) + 1
+                unit = row.units.get((Phase.DO.value, row.cursor))
+                if unit is not None:
+                    key = (row.workflow, row.version, unit.agent)
+                    agents[key] = agents.get(key, 0) + 1
+        return Census(versions=versions, agents=agents)
+
+    async def incidents(self) -> list[Alert]:
+        with self._data.lock:
+            return [msgspec.structs.replace(a) for a in self._data.alerts
+                    if a.incident is not None and a.resolved_at is None]
+
+    async def report_incidents(self, raised: Collection[Alert], resolved: Collection[str]
+                               ) -> None:
+        with self._data.lock:
+            now = self.now()
+            ending = {*resolved, *(a.incident for a in raised)}
+            for alert in self._data.alerts:
+                if alert.incident in ending and alert.resolved_at is None:
+                    alert.resolved_at = now
+            for alert in raised:
+                self._data.alerts.append(Alert(
+                    id=next(self._data.ids), task_id=None, at=now, message=alert.message,
+                    agent=alert.agent, incident=alert.incident, count=alert.count))
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
         with self._data.lock:
@@ -355,6 +408,25 @@ class MemoryStore:
                      if instance_id is None or i.instance_id == instance_id]
         return sorted(found, key=lambda i: (i.started_at, i.instance_id))
 
+    # ------------------------------------------------------------ dead letters (R3)
+    async def add_dead_letter(self, letter: DeadLetter) -> None:
+        with self._data.lock:
+            self._data.dead_letters.setdefault(letter.id, letter)
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        with self._data.lock:  # oldest first, as the SQL stores order them
+            return sorted(self._data.dead_letters.values(), key=lambda d: (d.at, d.id))[:limit]
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        with self._data.lock:
+            return self._data.dead_letters.get(letter_id)
+
+    async def purge_dead_letters(self) -> int:
+        with self._data.lock:
+            count = len(self._data.dead_letters)
+            self._data.dead_letters.clear()
+            return count
+
     # ------------------------------------------------------------ outbox (E11)
     def _add_outbox(self, queue: str, body: bytes) -> None:
         message_id = next(self._data.ids)
@@ -395,6 +467,7 @@ def _upsert_unit(row: _TaskRow, values: tuple[Any, ...]) -> None:
             failure_count=max(failures, 0), complete_by=complete_by, result_json=result,
             error=error, in_doubt=bool(in_doubt))
         return
+    unit.name, unit.agent, unit.idempotency_key = name, agent, key  # (a migration renames)
     unit.state = state
     unit.attempts += started
     unit.failure_count = 0 if failures < 0 else unit.failure_count + failures
@@ -412,7 +485,8 @@ def _task(row: _TaskRow, *, steps: bool = True) -> Task:
                 state=TaskState(row.state), phase=Phase(row.phase), cursor=row.cursor,
                 locked_by=row.locked_by, complete_by=row.complete_by,
                 failure_count=row.failure_count, epoch=row.epoch, reply_to=row.reply_to,
-                error=row.error, created_at=row.created_at, updated_at=row.updated_at)
+                error=row.error, created_at=row.created_at, updated_at=row.updated_at,
+                version=row.version)
     if not steps:
         return task
     undo: list[tuple[int, _UnitRow]] = []

@@ -32,22 +32,27 @@ from sasflow.model import (
     TaskState,
 )
 from sasflow.plan import Plan
-from sasflow.store import sql
-from sasflow.store.base import Alert, HistoryEntry, Instance, NewTask, OutboxMessage
+from sasflow.store import dead_letters, sql
+from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.rows import (
     RowKind,
+    alert_from_row,
     attach_steps,
     check_legal,
+    claim_transition,
     fence_values,
     implied_rows,
+    incident_params,
     instance_from_row,
     instance_params,
     set_values,
     status_row,
     task_from_row,
+    versions_of,
 )
 from sasflow.store.writer import Writer
 from sasflow.transition import Transition
+from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["SQLiteStore"]
 
@@ -144,7 +149,7 @@ class SQLiteStore:
         body = task.input_json.decode()
         created = conn.execute(sql.INSERT_TASK, (
             task.task_id, task.workflow, body, TaskState.PENDING.value, now, task.reply_to,
-            now, now)).rowcount
+            now, now, task.version)).rowcount
         if not created:
             row = conn.execute(sql.SELECT_TASK_IDENTITY, (task.task_id,)).fetchone()
             if row is not None and (row[0] != task.workflow or _decode(row[1]) != _decode(body)):
@@ -165,26 +170,26 @@ class SQLiteStore:
 
     # ------------------------------------------------------------ scheduler
     async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
-        names = list(plans)
-        if not names or limit <= 0:
+        # only the versions declared here (R4): (workflow, version) of each plan
+        shapes = [(name, plan.workflow.version) for name, plan in plans.items()]
+        if not shapes or limit <= 0:
             return []
-        probe = sql.probe_claimable(len(names))
-        now = self.now()
-        found = self._reader().execute(probe, (now, *names)).fetchone()  # an index probe
-        if found is None:  # nothing to do: do not take the write lock at all
+        now, reader = self.now(), self._reader()
+        if not any(reader.execute(sql.PROBE_CLAIMABLE, (name, version, now)).fetchone()
+                   for name, version in shapes):  # nothing to do: no write lock at all
             return []
 
         def job(conn: sqlite3.Connection) -> list[Task]:
             self._deferred.flush(conn)  # read what earlier jobs of this batch wrote
             now = self.now()
-            rows = [row for name in names
-                    for row in conn.execute(sql.SELECT_CLAIMABLE, (name, now, limit))]
-            if len(names) > 1:  # the earliest runnable first, whatever their workflow
+            rows = [row for name, version in shapes
+                    for row in conn.execute(sql.SELECT_CLAIMABLE, (name, version, now, limit))]
+            if len(shapes) > 1:  # the earliest runnable first, whatever their workflow
                 rows = sorted(rows, key=lambda row: row[8])[:limit]
             claimed = []
             for task in _tasks_with_steps(conn, rows):
-                transition = plans[task.workflow].claim(task, owner, now)
-                if _apply(conn, transition, now, self._deferred):
+                transition = claim_transition(plans[task.workflow], task, owner, now)
+                if transition is not None and _apply(conn, transition, now, self._deferred):
                     claimed.append(task)
             return claimed
 
@@ -195,20 +200,58 @@ class SQLiteStore:
             lambda conn: _apply(conn, transition, self.now(), self._deferred))
 
     # ------------------------------------------------------------ supervisor
-    async def expired(self, limit: int) -> list[Task]:
+    async def expired(self, limit: int, workflows: Collection[str] | None = None
+                      ) -> list[Task]:
         now = self.now()
+        names = None if workflows is None else list(workflows)
 
         def read(conn: sqlite3.Connection) -> list[Task]:
-            rows = conn.execute(sql.SELECT_EXPIRED, (now, limit)).fetchall()
+            if names is None:
+                rows = conn.execute(sql.SELECT_EXPIRED, (now, limit)).fetchall()
+            else:  # the earliest first, whatever their workflow
+                rows = sorted((row for name in names for row in conn.execute(
+                    sql.SELECT_EXPIRED_OF, (name, now, limit))), key=lambda row: row[7])[:limit]
             return _tasks_with_steps(conn, rows)
 
         result: list[Task] = await self._read(read)
         return result
 
-    async def next_expiry(self) -> float | None:
-        # MIN over the partial index tasks_locked: one index lookup
-        row = self._reader().execute(sql.NEXT_EXPIRY).fetchone()
-        return None if row is None or row[0] is None else float(row[0])
+    async def next_expiry(self, workflows: Collection[str] | None = None) -> float | None:
+        # MIN over the partial index tasks_locked (tasks_expiring per workflow): one
+        # index lookup each
+        reader = self._reader()
+        if workflows is None:
+            rows = [reader.execute(sql.NEXT_EXPIRY).fetchone()]
+        else:
+            rows = [reader.execute(sql.NEXT_EXPIRY_OF, (name,)).fetchone() for name in workflows]
+        due = [float(row[0]) for row in rows if row is not None and row[0] is not None]
+        return min(due) if due else None
+
+    # ------------------------------------------------------------ incidents (R4)
+    async def census(self) -> Census:
+        def read(conn: sqlite3.Connection) -> Census:
+            versions = {(w, v): n for w, v, n in conn.execute(sql.CENSUS_VERSIONS)}
+            agents = {(w, v, a): n for w, v, a, n in conn.execute(sql.CENSUS_AGENTS)}
+            return Census(versions=versions, agents=agents)
+
+        result: Census = await self._read(read)
+        return result
+
+    async def incidents(self) -> list[Alert]:
+        rows = await self._read(lambda c: c.execute(sql.SELECT_OPEN_INCIDENTS).fetchall())
+        return sorted((alert_from_row(row) for row in rows), key=lambda a: a.id)
+
+    async def report_incidents(self, raised: Collection[Alert], resolved: Collection[str]
+                               ) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            now = self.now()
+            for incident in [*resolved, *(a.incident for a in raised)]:
+                conn.execute(sql.RESOLVE_INCIDENT, {"now": now, "incident": incident})
+            for alert in raised:
+                conn.execute(sql.INSERT_INCIDENT, incident_params(alert, now))
+
+        if raised or resolved:
+            await self._writer.run(job)
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
         def job(conn: sqlite3.Connection) -> int | None:
@@ -244,8 +287,7 @@ class SQLiteStore:
     async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]:
         rows = await self._read(lambda c: c.execute(sql.SELECT_ALERTS, (after, limit))
                                 .fetchall())
-        return [Alert(id=r[0], task_id=r[1], step=r[2], agent=r[3], at=r[4], message=r[5])
-                for r in rows]
+        return [alert_from_row(row) for row in rows]
 
     # ------------------------------------------------------------ instances (R2)
     async def beat(self, instance: Instance) -> None:
@@ -260,6 +302,26 @@ class SQLiteStore:
         rows = await self._read(lambda c: c.execute(
             sql.SELECT_INSTANCES, {"instance_id": instance_id}).fetchall())
         return [instance_from_row(row) for row in rows]
+
+    # ------------------------------------------------------------ dead letters (R3)
+    async def add_dead_letter(self, letter: DeadLetter) -> None:
+        await self._writer.run(lambda conn: conn.execute(
+            dead_letters.INSERT, dead_letters.letter_params(letter)))
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        rows = await self._read(lambda c: c.execute(
+            dead_letters.SELECT_OLDEST, {"limit": limit}).fetchall())
+        return [dead_letters.letter_from_row(row) for row in rows]
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        rows = await self._read(lambda c: c.execute(
+            dead_letters.SELECT_ONE, {"id": letter_id}).fetchall())
+        return dead_letters.letter_from_row(rows[0]) if rows else None
+
+    async def purge_dead_letters(self) -> int:
+        count: int = await self._writer.run(
+            lambda conn: conn.execute(dead_letters.PURGE).rowcount)
+        return count
 
     # ------------------------------------------------------------ outbox (E11)
     async def take_outbox(self, queues: Collection[str] | None, limit: int
@@ -350,7 +412,7 @@ class _Deferred:
 
 _STATEMENTS: dict[RowKind, str] = {
     "step": sql.UPSERT_STEP, "mirror": sql.MIRROR_UNDO, "history": sql.INSERT_HISTORY,
-    "outbox": sql.INSERT_OUTBOX, "alert": sql.INSERT_ALERT}
+    "outbox": sql.INSERT_OUTBOX, "alert": sql.INSERT_ALERT, "drop": sql.DROP_STEPS}
 
 
 def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Deferred) -> bool:
@@ -381,6 +443,9 @@ def _get(conn: sqlite3.Connection, task_id: str) -> Task | None:
     return found[0] if found else None
 
 
+_VERSIONS_MIGRATION = "0003_versions.sql"  # tasks gained a version column
+
+
 def _migrate(conn: sqlite3.Connection) -> None:
     """Apply the packaged migrations this file has not seen, in order, atomically."""
     folder = resources.files("sasflow.store.migrations") / "sqlite"
@@ -396,6 +461,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
             for statement in script.read_text().split(";\n"):
                 if statement.strip():
                     conn.execute(statement)
+            if name == _VERSIONS_MIGRATION:  # tasks written before get their version
+                conn.executemany(sql.SET_VERSION,
+                                 versions_of(conn.execute(sql.SELECT_UNVERSIONED).fetchall()))
             conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (name, time.time()))
         conn.execute("COMMIT")
     except BaseException:

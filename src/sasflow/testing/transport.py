@@ -4,7 +4,9 @@ It behaves as a broker does towards the processes of a simulation (each runs
 under its own gate, sasflow.testing.gate):
 
 - a message is handed to one consumer at a time and acked when its handler
-  returns; a handler that raises gets it back at the head of the queue;
+  returns; a handler that raises gets it again after the delivery policy's
+  backoff, until the policy gives up on it: it is then a dead letter (R3), as
+  on the in-process transport (a malformed message at once);
 - when an instance crashes, the messages its consumers held unacked go back
   to their queues (the broker saw the connection drop); when one is paused
   longer than `unacked_timeout`, the same happens (its heartbeat timed out),
@@ -23,14 +25,27 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sasflow.errors import TransportError
 from sasflow.testing.gate import Gate, current_gate
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
+from sasflow.transport.dead_letter import (
+    DEFAULT_POLICY,
+    DeadLetter,
+    DeliveryPolicy,
+    ListBox,
+    MalformedMessage,
+    letter_for,
+    log_dead_letter,
+)
 
 __all__ = ["Delivery", "SimTransport"]
+
+log = logging.getLogger("sasflow.testing.transport")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +63,8 @@ _PLAIN = Delivery()
 class _Message:
     id: int
     body: bytes
+    failures: int = 0  # failed deliveries so far
+    first_seen: float = 0.0
 
 
 @dataclass(slots=True)
@@ -101,9 +118,12 @@ class SimTransport:
 
     def __init__(self, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  fault: Callable[[str], Delivery] | None = None,
-                 unacked_timeout: float = 30.0) -> None:
+                 unacked_timeout: float = 30.0,
+                 policy: DeliveryPolicy = DEFAULT_POLICY) -> None:
         self.max_message_bytes = max_message_bytes
         self.fault = fault
+        self.policy = policy
+        self.box = ListBox()  # the dead letters
         self.unacked_timeout = unacked_timeout
         self._queues: dict[str, _Queue] = {}
         self._ids = itertools.count(1)
@@ -156,8 +176,21 @@ class SimTransport:
             except asyncio.CancelledError:
                 self._nack(gate, queue, message)
                 raise
-            except Exception:
-                self._nack(gate, queue, message)
+            except Exception as error:
+                if self._unacked.get(gate, {}).pop(message.id, None) is None:
+                    return  # given back already (its consumer's process died meanwhile)
+                message.failures += 1
+                message.first_seen = message.first_seen or time.time()
+                if isinstance(error, MalformedMessage) or self.policy.exhausted(
+                        message.failures):
+                    letter = letter_for(queue, message.body, error,
+                                        deliveries=message.failures,
+                                        first_seen=message.first_seen)
+                    await self.box.add_dead_letter(letter)
+                    log_dead_letter(log, letter)
+                else:  # again after the backoff; the slot is free meanwhile
+                    asyncio.get_running_loop().call_later(
+                        self.policy.delay(message.failures), source.put, message)
             else:
                 unacked.pop(message.id, None)  # acked (void if it was given back already)
             finally:
@@ -201,6 +234,15 @@ class SimTransport:
                 self._give_back(gate)
 
         asyncio.get_running_loop().call_later(self.unacked_timeout, check)
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        return await self.box.dead_letters(limit=limit)
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        return await self.box.dead_letter(letter_id)
+
+    async def purge_dead_letters(self) -> int:
+        return await self.box.purge_dead_letters()
 
     async def ping(self) -> None:
         """Always reachable."""
