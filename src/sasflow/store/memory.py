@@ -221,13 +221,16 @@ class MemoryStore:
         return applied
 
     def _apply(self, t: Transition, now: float) -> bool:
-        """The fenced write of one transition (as sql.APPLY_TRANSITION) and its rows."""
+        """The fenced write of one transition (as sql.APPLY_TRANSITION) and its rows: only
+        if the task still has the epoch, state, owner and step it was planned from."""
         check_legal(t)
         data = self._data
         row = data.tasks.get(t.task_id)
         if row is None or row.epoch != t.epoch or row.state != t.from_state.value or (
                 row.locked_by != t.owner):
             return False
+        if t.from_cursor is not None and row.cursor != t.from_cursor:
+            return False  # planned at another step than the task is at now
         if t.expired_before is not None and not (
                 row.complete_by is not None and row.complete_by < t.expired_before):
             return False
