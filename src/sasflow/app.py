@@ -99,6 +99,7 @@ class App:
         self.agents: dict[str, AgentFunction] = {}
         self.workflows: dict[str, Workflow] = {}
         self._store: Store | None = None
+        self._connect_within: float | None = None
         self._transport: Transport | None = None
         self._portal = Portal()
         self._workers: list[tuple[asyncio.AbstractEventLoop, Worker]] = []
@@ -162,10 +163,14 @@ class App:
         self._alert_callbacks.append(callback)
         return callback
 
-    def configure(self, *, store: str | None = None, transport: str | None = None) -> None:
-        """Point the app elsewhere before it first touches its store (the CLI's options)."""
+    def configure(self, *, store: str | None = None, transport: str | None = None,
+                  connect_within: float | None = None) -> None:
+        """Point the app elsewhere before it first touches its store (the CLI's options);
+        `connect_within` bounds the wait for a server store (operator commands)."""
         if self._store is not None or self._transport is not None:
             raise ConfigurationError("configure() must come before the store is opened")
+        if connect_within is not None:
+            self._connect_within = connect_within
         if store is not None:
             self.store_url = store
         if transport is not None:
@@ -176,7 +181,7 @@ class App:
     def store(self) -> Store:
         if self._store is None:
             url = self.store_url or os.environ.get("SASFLOW_STORE") or DEFAULT_STORE
-            self._store = open_store(url, clock=self.clock)
+            self._store = open_store(url, clock=self.clock, connect_within=self._connect_within)
         return self._store
 
     @property

@@ -55,6 +55,7 @@ from psycopg_pool import AsyncConnectionPool
 from sasflow.errors import ConfigurationError, StoreError
 from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
+from sasflow.redact import redact, scrub
 from sasflow.store import dead_letters
 from sasflow.store import pg_sql as q
 from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
@@ -132,6 +133,7 @@ class PostgresStore:
         self._open_lock = asyncio.Lock()
         self._opened = False
         self._schema_ready = False
+        self.migrations_applied: list[str] = []  # by this process, for `sasflow db upgrade`
         self._sync: psycopg.Connection[Any] | None = None  # for submit_blocking
         self._sync_lock = threading.Lock()
 
@@ -143,7 +145,8 @@ class PostgresStore:
         try:
             psycopg.conninfo.conninfo_to_dict(url)
         except psycopg.ProgrammingError as error:
-            raise ConfigurationError(f"bad PostgreSQL URL {url!r}: {error}") from error
+            raise ConfigurationError(f"bad PostgreSQL URL {redact(url)!r}: {scrub(str(error), url)}"
+                                     ) from None  # the cause quotes the URL
         return cls(url, clock=clock, create=create)
 
     # ------------------------------------------------------------ clock
@@ -263,7 +266,7 @@ class PostgresStore:
         """Check (or bring up to date) the schema, on a connection of its own."""
         try:
             with psycopg.connect(self.conninfo) as conn:
-                _migrate(conn, self._create)
+                self.migrations_applied += _migrate(conn, self._create)
         except psycopg.OperationalError as error:
             raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
         except pg_errors.InsufficientPrivilege as error:
@@ -693,29 +696,31 @@ def _scripts() -> list[tuple[str, str]]:
 _VERSIONS_MIGRATION = "0004_versions.sql"  # tasks gained a version column
 
 
-def _migrate(conn: psycopg.Connection[Any], create: bool) -> None:
+def _migrate(conn: psycopg.Connection[Any], create: bool) -> list[str]:
     """Apply the packaged migrations this database has not seen, in order, atomically.
 
     With `create=False` a database that is behind is refused instead. A database
     that is up to date is only read, so processes whose role may not CREATE can
-    open it.
+    open it. Returns the names of the migrations it applied.
     """
     with conn.transaction():
         pending = _pending(conn)
         if not pending:
-            return
+            return []
         if not create:
             raise StoreError("the PostgreSQL store's sasflow schema is missing or behind"
                              " this version: run `sasflow db upgrade`")
         conn.execute(q.MIGRATION_LOCK)  # one migrating process at a time; till commit
         conn.execute(q.CREATE_MIGRATIONS)
-        for name, script in _pending(conn):  # again: another may have just finished
+        pending = _pending(conn)  # again: another may have just finished
+        for name, script in pending:
             conn.execute(script.encode())  # no parameters: several statements
             if name == _VERSIONS_MIGRATION:  # tasks written before get their version
                 with conn.cursor() as cur:
                     cur.executemany(q.SET_VERSION, versions_of(
                         conn.execute(q.SELECT_UNVERSIONED).fetchall()))
             conn.execute(q.INSERT_MIGRATION, (name, time.time()))
+    return [name for name, _ in pending]
 
 
 def _pending(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sasflow.errors import ConfigurationError, MissingExtraError
+from sasflow.redact import guard_loggers, redact
 from sasflow.transport.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Handler,
@@ -58,6 +59,8 @@ def open_transport(url: str | None, *,
             raise MissingExtraError(
                 "the RabbitMQ transport needs aio-pika: pip install 'sasflow[rabbitmq]'"
             ) from error
+        # aio-pika's connection warnings print the URL, query string and all (R5)
+        guard_loggers("aio_pika", "aiormq")
         return AmqpTransport(url, max_message_bytes=max_message_bytes)
     if url.startswith(("redis://", "rediss://")):
         try:
@@ -70,4 +73,4 @@ def open_transport(url: str | None, *,
             ) from error
         return RedisTransport(url, max_message_bytes=max_message_bytes)
     raise ConfigurationError(
-        f"unknown transport URL {url!r}: expected memory, amqp://... or redis://...")
+        f"unknown transport URL {redact(url)!r}: expected memory, amqp://... or redis://...")

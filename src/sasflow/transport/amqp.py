@@ -62,6 +62,7 @@ from aio_pika.abc import (
 from pamqp.common import FieldTable
 
 from sasflow.errors import ConfigurationError, TransportError
+from sasflow.redact import redact
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE, Bundler, decode_bundle
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, carries_bundles
 from sasflow.transport.dead_letter import (
@@ -139,7 +140,7 @@ class AmqpTransport:
             publisher = await connection.channel(publisher_confirms=True, on_return_raises=True)
         except (aiormq.exceptions.AMQPError, OSError) as error:
             raise TransportError(
-                f"cannot connect to RabbitMQ at {_redact(self.url)}: {error}") from error
+                f"cannot connect to RabbitMQ at {redact(self.url)}: {error}") from error
         return connection, publisher
 
     async def ping(self) -> None:
@@ -427,9 +428,3 @@ def _letter_from(message: AbstractIncomingMessage) -> DeadLetter:
                       first_seen=float(_number(headers.get(_FIRST_SEEN))) or at,
                       at=at, body=message.body)
 
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))

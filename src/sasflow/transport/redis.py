@@ -68,6 +68,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sasflow.errors import ConfigurationError, TransportError
+from sasflow.redact import redact
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
 from sasflow.transport.dead_letter import (
     DeadLetter,
@@ -189,7 +190,8 @@ class RedisTransport:
             self.maxlen = maxlen if maxlen is not None else (
                 int(options["maxlen"]) if "maxlen" in options else None)
         except ValueError as exc:
-            raise ConfigurationError(f"bad option in transport URL {url!r}: {exc}") from exc
+            raise ConfigurationError(
+                f"bad option in transport URL {redact(url)!r}: {exc}") from exc
         self.prefix = prefix if prefix is not None else options.get("prefix", "")
         self.policy = policy_from_query(options)
         self.dead_letter_key = self._key(options.get("dead_letters", DEAD_LETTERS))
