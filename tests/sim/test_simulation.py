@@ -112,7 +112,7 @@ def test_the_many_seeds_command_counts_schedules_and_fault_kinds() -> None:
 
 
 def test_a_store_that_does_not_fence_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the epoch and owner fence gone, a scheduler paused past its step's deadline
+    """With the epoch, owner and step fence gone, a scheduler paused past its deadline
     writes its stale reply over the new owner's work: the one-owner check reports a
     unit committed under an epoch its writer never claimed.
 
@@ -123,7 +123,8 @@ def test_a_store_that_does_not_fence_is_caught(monkeypatch: pytest.MonkeyPatch) 
     def unfenced(self: MemoryStore, t: Transition, now: float) -> bool:
         row = self._data.tasks.get(t.task_id)
         if row is not None and not t.claim and t.lease is None:
-            t.epoch, t.owner = row.epoch, row.locked_by  # whatever it holds: no fence
+            # whatever it holds, at whatever step: no fence
+            t.epoch, t.owner, t.from_cursor = row.epoch, row.locked_by, None
         return fenced(self, t, now)
 
     monkeypatch.setattr(MemoryStore, "_apply", unfenced)
