@@ -10,6 +10,7 @@ check (skip on a laptop without the servers, fail in CI) runs first.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,25 +64,43 @@ def postgres(_private_servers: _Session, request: pytest.FixtureRequest) -> Post
     return Postgres(server, server.create_database(name))
 
 
+@contextlib.contextmanager
+def private_broker(kind: str, root: Path) -> Iterator[Broker]:
+    """A private broker of `kind` (rabbitmq, redis, redis-volatile), closed afterwards."""
+    server: PrivateRabbit | PrivateRedis
+    if kind == "rabbitmq":
+        server = PrivateRabbit(root / "rabbitmq")
+        url = server.url
+    else:
+        server = PrivateRedis(root / "redis", persistent=kind == "redis")
+        # a dead agent's unacked requests are taken over after 5 s, not the default 30
+        url = f"{server.url}?prefix=scenario:&visibility_timeout=5"
+    try:
+        server.start()
+        yield Broker(kind, server, url)
+    finally:
+        server.close()
+
+
 @pytest.fixture(params=["rabbitmq", "redis", "redis-volatile"])
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
     """A private broker. ``redis`` keeps an fsynced append-only file, so a restart loses
     nothing acknowledged (like RabbitMQ's durable queues); ``redis-volatile`` keeps
     nothing, so its restart loses every queued request and reply, and only the
     supervisors' expiry of the steps concerned brings them back."""
-    server: PrivateRabbit | PrivateRedis
-    if request.param == "rabbitmq":
-        server = PrivateRabbit(tmp_path / "rabbitmq")
-        url = server.url
+    with private_broker(request.param, tmp_path) as found:
+        yield found
+
+
+@pytest.fixture(params=["memory", "rabbitmq", "redis"])
+def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker | None]:
+    """The transports of the fault matrix beside PostgreSQL: in-process (None: every
+    worker then runs the scheduler and agent roles together), or a private broker."""
+    if request.param == "memory":
+        yield None
     else:
-        server = PrivateRedis(tmp_path / "redis", persistent=request.param == "redis")
-        # a dead agent's unacked requests are taken over after 5 s, not the default 30
-        url = f"{server.url}?prefix=scenario:&visibility_timeout=5"
-    try:
-        server.start()
-        yield Broker(request.param, server, url)
-    finally:
-        server.close()
+        with private_broker(request.param, tmp_path) as found:
+            yield found
 
 
 @pytest.fixture
