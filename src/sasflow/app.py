@@ -383,9 +383,13 @@ class App:
         self.close()
 
     def close(self) -> None:
+        """Close the store and the transport (a broker's connections with it)."""
         if self._store is not None:
             store, self._store = self._store, None
             self._portal.run(store.close())
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            self._portal.run(transport.close())
         self._portal.close()
 
     def __enter__(self) -> App:

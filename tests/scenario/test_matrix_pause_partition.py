@@ -14,7 +14,7 @@ including that the worker that came back wrote nothing it held before the fault
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -76,22 +76,31 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("cut", ["store", "broker"])
-def test_partitioned_worker_heals_without_stale_writes(run: Run, postgres: Postgres,
-                                                       transport: Broker | None,
-                                                       cut: str) -> None:
-    """A worker's connections to the store (or to the broker) go through a proxy that
-    black-holes them while it holds tasks: the others recover its tasks; when the
-    partition heals, the writes it had sent meanwhile arrive late and change nothing,
-    and nothing is lost or applied twice."""
-    if cut == "broker" and transport is None:
-        pytest.skip("the in-process transport has no broker to cut off")  # not a row
-    target = postgres.server.port if cut == "store" else port_of(transport)
+def test_worker_cut_off_from_the_store_heals_without_stale_writes(
+        run: Run, postgres: Postgres) -> None:
+    """A worker's connections to PostgreSQL go through a proxy that black-holes them while
+    it holds tasks: the others recover its tasks; when the partition heals, the writes it
+    had sent meanwhile arrive late and change nothing; nothing is lost or applied twice."""
+    partition(run, postgres.server.port, lambda proxy: {"store": proxy.url(postgres.url)})
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("transport", ["rabbitmq", "redis"], indirect=True)
+def test_worker_cut_off_from_the_broker_heals_without_stale_writes(
+        run: Run, transport: Broker) -> None:
+    """The same with the worker's connections to the broker black-holed: its requests and
+    replies wait in the partition, its tasks expire and are done by the others, and what
+    it sent arrives late, changing nothing."""
+    partition(run, transport.server.port,
+              lambda proxy: {"transport": proxy.url(transport.transport_url)})
+
+
+def partition(run: Run, port: int, routed: Callable[[FaultProxy], dict[str, str]]) -> None:
+    """Route the victim through a FaultProxy to `port`; black-hole it while it holds tasks
+    until they were recovered, heal, finish, and check every invariant."""
     cluster = run.cluster
-    with FaultProxy(target) as proxy:
-        routed = {"store": proxy.url(postgres.url)} if cut == "store" else {
-            "transport": proxy.url(transport.transport_url if transport else "")}
-        victim = cluster.spawn("victim", "scheduler,agent", **routed)
+    with FaultProxy(port) as proxy:
+        victim = cluster.spawn("victim", "scheduler,agent", **routed(proxy))
         peer = cluster.spawn("peer", "scheduler,agent")
         supervisor = cluster.spawn("sup-1", "supervisor")
         wait_started(cluster, [victim, peer, supervisor])
@@ -105,8 +114,8 @@ def test_partitioned_worker_heals_without_stale_writes(run: Run, postgres: Postg
         cluster.wait_for(f"the {len(held)} tasks the victim held expired and recovered",
                          lambda: run.expired_since(held, cut_at), timeout=RECOVERY)
         proxy.set_mode("pass")
-        print(f"\npartitioned from the {cut} {time.time() - cut_at:.1f}s holding"
-              f" {len(held)} tasks; {proxy.connections} connections through the proxy")
+        print(f"\npartitioned {time.time() - cut_at:.1f}s holding {len(held)} tasks;"
+              f" {proxy.connections} connections through the proxy")
 
         run.submit(SECOND_WAVE)
         run.wait_all_terminal()
@@ -127,11 +136,6 @@ def freeze_leader(cluster: Cluster) -> tuple[Worker, float]:
         leader.thaw()
     raise AssertionError(f"no supervisor kept the lease long enough to be frozen holding it\n"
                          f"{cluster.diagnostics()}")
-
-
-def port_of(transport: Broker | None) -> int:
-    assert transport is not None
-    return transport.server.port
 
 
 def said_after(log: Path, line: str) -> bool:
