@@ -2,8 +2,8 @@
 
 Schedulers, supervisors and operators compute Transitions with the pure planner
 (plan.py); stores apply them as a single conditional write. A Transition applies
-only if the task still has the epoch, state and owner it was computed from (the
-fence, DESIGN invariants 2 and 4); otherwise nothing at all is written.
+only if the task still has the epoch, state, owner and step it was computed from
+(the fence, DESIGN invariants 2 and 4); otherwise nothing at all is written.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ class Transition(msgspec.Struct, kw_only=True):
     epoch: int
     from_state: TaskState
     owner: str | None  # locked_by must equal this (None: must be unlocked)
+    # and cursor = this: at the step it was read at, so a write planned on a snapshot the
+    # task has since moved on from (same epoch, state and owner) does not apply
+    from_cursor: int | None = None
     expired_before: float | None = None  # and complete_by < this (supervisor)
     lease: LeaseFence | None = None  # and the supervisors' lease still held (M3)
     # the task's new values

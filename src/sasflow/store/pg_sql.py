@@ -167,7 +167,8 @@ def rows_of(*columns: str) -> str:
 _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
                "complete_by float8", "available_at float8", "failure_count int", "error text",
                "claim int", "updated_at float8", "task_id text", "epoch bigint",
-               "from_state text", "owner text", "expired_before float8", "lease text",
+               "from_state text", "owner text", "from_cursor int", "expired_before float8",
+               "lease text",
                "lease_holder text", "lease_epoch bigint",
                "wake float8",  # when the task is claimable again, if this releases it
                "token bigint")  # the write's, into last_write
@@ -213,6 +214,7 @@ applied AS (
     FROM v JOIN locked USING (task_id)
     WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
       AND t.locked_by IS NOT DISTINCT FROM v.owner
+      AND (v.from_cursor IS NULL OR t.cursor = v.from_cursor)
       AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
       AND (v.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.name = v.lease
                                       AND l.holder = v.lease_holder AND l.epoch = v.lease_epoch))

@@ -39,6 +39,7 @@ UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = 
                  available_at = COALESCE(?, available_at), failure_count = ?, error = ?,
                  epoch = epoch + ?, updated_at = ?
 WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ?
+  AND (? IS NULL OR cursor = ?)
   AND (? IS NULL OR complete_by < ?)
   AND (? IS NULL OR EXISTS (SELECT 1 FROM leases WHERE name = ? AND holder = ? AND epoch = ?))
 """
