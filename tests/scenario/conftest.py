@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from harness import Broker, Postgres
+from matrix import BACKENDS, Backend
 from scenarioapp import STEP_TIMEOUT
 from servers import PrivatePostgres, PrivateRabbit, PrivateRedis
 
@@ -92,15 +93,21 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
         yield found
 
 
-@pytest.fixture(params=["memory", "rabbitmq", "redis"])
-def transport(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker | None]:
-    """The transports of the fault matrix beside PostgreSQL: in-process (None: every
-    worker then runs the scheduler and agent roles together), or a private broker."""
-    if request.param == "memory":
-        yield None
-    else:
-        with private_broker(request.param, tmp_path) as found:
-            yield found
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """The fault matrix's backends: SQLite (in-process transport), or the private
+    PostgreSQL with the in-process transport, a private RabbitMQ or a private Redis."""
+    name: str = request.param
+    if name == "sqlite":
+        yield Backend(name, f"sqlite:///{tmp_path / 'store.db'}", None, None)
+        return
+    database: Postgres = request.getfixturevalue("postgres")
+    kind = name.removeprefix("postgres-")
+    if kind == "memory":
+        yield Backend(name, database.url, database, None)
+        return
+    with private_broker(kind, tmp_path) as found:
+        yield Backend(name, database.url, database, found)
 
 
 @pytest.fixture

@@ -245,9 +245,9 @@ class Cluster:
         return {r[0] for r in rows}
 
     def leader(self) -> str | None:
-        rows = self.db.rows("SELECT holder FROM leases WHERE name = 'supervisor'"
-                            " AND expires_at > extract(epoch from clock_timestamp())")
-        return rows[0][0] if rows else None
+        """The supervisor holding an unexpired lease (stores and tests share a host clock)."""
+        lease = self.lease()
+        return lease[0] if lease is not None and lease[2] > time.time() else None
 
     def wait_for(self, what: str, condition: Callable[[], T | None], timeout: float,
                  poll: float = 0.1) -> T:

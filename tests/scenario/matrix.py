@@ -12,10 +12,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import Broker, Cluster, Worker
+from harness import Broker, Cluster, Postgres, Worker
 from invariants import (
     TERMINAL,
     Outcome,
@@ -29,7 +30,8 @@ from scenarioapp import STEP_TIMEOUT, WORKFLOW, build_app, order_input
 
 from sasflow.examples.orders.remote import RemoteService
 
-__all__ = ["RECOVERY", "Run", "open_run", "started", "wait_started"]
+__all__ = ["BACKENDS", "POSTGRES_BACKENDS", "RECOVERY", "Backend", "Run", "open_run", "started",
+           "wait_started"]
 
 # a task's step expires STEP_TIMEOUT after it started, and the supervisor acts on it at
 # once; the rest is room for a loaded 2-core machine (a hang guard, not a bound)
@@ -39,11 +41,26 @@ IDLE_CORE = 0.25
 IDLE_LINES = 40
 
 
+@dataclass
+class Backend:
+    """One column of the fault matrix: a store and a transport."""
+
+    name: str  # sqlite | postgres-memory | postgres-rabbitmq | postgres-redis
+    store_url: str
+    postgres: Postgres | None  # the private PostgreSQL, when the store is on it
+    broker: Broker | None  # None: the in-process transport (a scheduler runs its agents)
+
+
+BACKENDS = ["sqlite", "postgres-memory", "postgres-rabbitmq", "postgres-redis"]
+POSTGRES_BACKENDS = BACKENDS[1:]
+
+
 class Run:
     """One row's world: a submitter App and the cluster of workers."""
 
     def __init__(self, root: Path, store_url: str, transport: Broker | None,
                  remote: RemoteService) -> None:
+        self.store_url = store_url
         self.transport = transport
         self.remote = remote
         self.submitter = build_app()
@@ -135,6 +152,7 @@ class Run:
 @contextmanager
 def open_run(root: Path, store_url: str, transport: Broker | None,
              remote: RemoteService) -> Iterator[Run]:
+    """A Run on this store and transport (None: in-process), closed afterwards."""
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     run = Run(logs, store_url, transport, remote)

@@ -1,7 +1,8 @@
 """Fault matrix row 6: a compensator that fails, hangs, or whose process is SIGKILLed
 mid-compensation (SPEC R6, S8, S9).
 
-PostgreSQL store with each transport (in-process, RabbitMQ, Redis). Orders whose
+Every backend of the matrix (SQLite; PostgreSQL with the in-process transport,
+RabbitMQ or Redis). Orders whose
 shipment is refused are undone: their charge refunded, then their reservation
 released. When the refund fails for good the task ends in error with one alert
 naming the step; when it hangs past its complete-by it is retried (expired,
@@ -18,11 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
-from harness import Broker, Postgres
-from matrix import RECOVERY, Run, open_run, wait_started
+from matrix import RECOVERY, Backend, Run, open_run, wait_started
 from scenarioapp import MAX_FAILURES, STALL_REFUND_ENV, STEP_TIMEOUT
 
-from sasflow.examples.orders.remote import RemoteService
+from sasflow.examples.orders.remote import Faults, RemoteService
 
 pytestmark = pytest.mark.chaos
 
@@ -31,9 +31,16 @@ FAULT = {1: "permanent", 2: "hang", 3: None}  # by (n - 1) // EACH + 1
 
 
 @pytest.fixture
-def run(postgres: Postgres, transport: Broker | None, remote: RemoteService,
-        tmp_path: Path) -> Iterator[Run]:
-    with open_run(tmp_path, postgres.url, transport, remote) as found:
+def run(backend: Backend, remote: RemoteService, tmp_path: Path) -> Iterator[Run]:
+    with open_run(tmp_path, backend.store_url, backend.broker, remote) as found:
+        yield found
+
+
+@pytest.fixture
+def steady(backend: Backend, tmp_path: Path) -> Iterator[Run]:
+    """A run whose remote never fails: every failure counted is the compensator's own."""
+    with RemoteService(faults=Faults()) as remote, \
+            open_run(tmp_path, backend.store_url, backend.broker, remote) as found:
         yield found
 
 
@@ -45,10 +52,11 @@ def refused(n: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(300)
-def test_failing_and_hanging_compensators_escalate_once(run: Run) -> None:
+def test_failing_and_hanging_compensators_escalate_once(steady: Run) -> None:
     """A refund that fails for good: error at once, one alert, nothing released. A refund
     that hangs: expired and retried max_failures times, applied once, then error with one
     alert. A working refund beside them: refunded, then released, in that order."""
+    run = steady
     cluster = run.cluster
     workers = [cluster.spawn(f"worker-{n}", "scheduler,agent") for n in (1, 2)]
     supervisor = cluster.spawn("sup-1", "supervisor")

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Postgres
-from matrix import RECOVERY, Run, open_run, wait_started
+from matrix import RECOVERY, Backend, Run, open_run, wait_started
 
 from sasflow.errors import InvalidTransitionError
 from sasflow.examples.orders.remote import Faults, RemoteService
@@ -34,10 +33,10 @@ ACTIONS = ("cancel", "compensate", "retry")
 
 
 @pytest.fixture
-def run(postgres: Postgres, tmp_path: Path) -> Iterator[Run]:
+def run(backend: Backend, tmp_path: Path) -> Iterator[Run]:
     # a remote that always answers: every task is in flight when the worker dies
     with RemoteService(faults=Faults()) as remote, \
-            open_run(tmp_path, postgres.url, None, remote) as found:
+            open_run(tmp_path, backend.store_url, backend.broker, remote) as found:
         yield found
 
 
@@ -46,6 +45,8 @@ def healthy(n: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(240)
+# the race is between two writers of the store: each store, the in-process transport
+@pytest.mark.parametrize("backend", ["sqlite", "postgres-memory"], indirect=True)
 def test_operator_actions_racing_the_supervisor_recovery_one_wins(run: Run) -> None:
     """Cancel, compensate and retry fired at the complete-by of tasks a SIGKILLed worker
     held, while the supervisor recovers them: one transition per state, no effect twice."""

@@ -1,8 +1,9 @@
 """Fault matrix rows 1 and 2: a worker paused, or cut off from the store or the broker,
 past its steps' complete-by and past the supervisor lease (SPEC R6, S5, S8, M1, M3, M5).
 
-PostgreSQL store (a private cluster) with each transport: in-process, RabbitMQ,
-Redis (private servers). Two workers run schedulers and agents, two run
+Every backend of the matrix: SQLite, and a private PostgreSQL with the in-process
+transport, a private RabbitMQ or a private Redis (the partition from the store:
+PostgreSQL only, an SQLite file has no link to cut). Two workers run schedulers and agents, two run
 supervisors; the orders call the flaky remote service. The fault hits one
 worker holding tasks (and, for the pause, the supervisor leader too) until every
 task it held has expired and been recovered by the others; then it heals, more
@@ -18,8 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from harness import Broker, Cluster, Postgres, Worker
-from matrix import RECOVERY, Run, open_run, wait_started
+from harness import Cluster, Worker
+from matrix import POSTGRES_BACKENDS, RECOVERY, Backend, Run, open_run, wait_started
 
 from sasflow.examples.orders.remote import RemoteService
 from support.faultproxy import FaultProxy
@@ -32,9 +33,8 @@ HELD = 3  # the fault waits for the victim to hold at least this many tasks
 
 
 @pytest.fixture
-def run(postgres: Postgres, transport: Broker | None, remote: RemoteService,
-        tmp_path: Path) -> Iterator[Run]:
-    with open_run(tmp_path, postgres.url, transport, remote) as found:
+def run(backend: Backend, remote: RemoteService, tmp_path: Path) -> Iterator[Run]:
+    with open_run(tmp_path, backend.store_url, backend.broker, remote) as found:
         found.submit(1)  # creates the schema before any worker starts
         yield found
 
@@ -76,23 +76,27 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", POSTGRES_BACKENDS, indirect=True)
 def test_worker_cut_off_from_the_store_heals_without_stale_writes(
-        run: Run, postgres: Postgres) -> None:
+        run: Run, backend: Backend) -> None:
     """A worker's connections to PostgreSQL go through a proxy that black-holes them while
     it holds tasks: the others recover its tasks; when the partition heals, the writes it
     had sent meanwhile arrive late and change nothing; nothing is lost or applied twice."""
-    partition(run, postgres.server.port, lambda proxy: {"store": proxy.url(postgres.url)})
+    assert backend.postgres is not None
+    partition(run, backend.postgres.server.port,
+              lambda proxy: {"store": proxy.url(backend.store_url)})
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("transport", ["rabbitmq", "redis"], indirect=True)
+@pytest.mark.parametrize("backend", ["postgres-rabbitmq", "postgres-redis"], indirect=True)
 def test_worker_cut_off_from_the_broker_heals_without_stale_writes(
-        run: Run, transport: Broker) -> None:
+        run: Run, backend: Backend) -> None:
     """The same with the worker's connections to the broker black-holed: its requests and
     replies wait in the partition, its tasks expire and are done by the others, and what
     it sent arrives late, changing nothing."""
-    partition(run, transport.server.port,
-              lambda proxy: {"transport": proxy.url(transport.transport_url)})
+    broker = backend.broker
+    assert broker is not None
+    partition(run, broker.server.port, lambda proxy: {"transport": proxy.url(broker.transport_url)})
 
 
 def partition(run: Run, port: int, routed: Callable[[FaultProxy], dict[str, str]]) -> None:
