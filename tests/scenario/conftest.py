@@ -11,6 +11,7 @@ check (skip on a laptop without the servers, fail in CI) runs first.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,23 @@ from sasflow.examples.orders.remote import Faults, RemoteService
 # lost and late replies (the latter after the step's complete-by) leave an effect
 # applied that only the idempotency key keeps from being applied again.
 FAULTS = Faults(transient=0.08, slow=0.02, slow_s=STEP_TIMEOUT + 0.5, lost=0.02, seed=2025)
+
+
+LONG_ENV = "SASFLOW_LONG"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"long: a fault-matrix variant run only with {LONG_ENV}=1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the long variants out unless SASFLOW_LONG=1 (docs/reliability.md)."""
+    if os.environ.get(LONG_ENV) == "1":
+        return
+    long = [item for item in items if item.get_closest_marker("long")]
+    if long:
+        config.hook.pytest_deselected(items=long)
+        items[:] = [item for item in items if not item.get_closest_marker("long")]
 
 
 class _Session:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from harness import Broker, Cluster, Postgres, Worker
 from invariants import (
     TERMINAL,
@@ -30,8 +31,8 @@ from scenarioapp import STEP_TIMEOUT, WORKFLOW, build_app, order_input
 
 from sasflow.examples.orders.remote import RemoteService
 
-__all__ = ["BACKENDS", "POSTGRES_BACKENDS", "RECOVERY", "Backend", "Run", "open_run", "started",
-           "wait_started"]
+__all__ = ["BACKENDS", "LONG", "POSTGRES_BACKENDS", "RECOVERY", "Backend", "Run", "backends",
+           "open_run", "started", "wait_started"]
 
 # a task's step expires STEP_TIMEOUT after it started, and the supervisor acts on it at
 # once; the rest is room for a loaded 2-core machine (a hang guard, not a bound)
@@ -53,6 +54,14 @@ class Backend:
 
 BACKENDS = ["sqlite", "postgres-memory", "postgres-rabbitmq", "postgres-redis"]
 POSTGRES_BACKENDS = BACKENDS[1:]
+# the variants CI leaves out (each row runs in CI on a sample of its backends); all run with
+# SASFLOW_LONG=1 (tests/scenario/conftest.py)
+LONG = pytest.mark.long
+
+
+def backends(*in_ci: str, among: Iterable[str] = BACKENDS) -> list[Any]:
+    """Parameters for the `backend` fixture: `among`, those not `in_ci` marked long."""
+    return [name if name in in_ci else pytest.param(name, marks=LONG) for name in among]
 
 
 class Run:

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from matrix import RECOVERY, Backend, Run, open_run, wait_started
+from matrix import RECOVERY, Backend, Run, backends, open_run, wait_started
 from scenarioapp import MAX_FAILURES, STALL_REFUND_ENV, STEP_TIMEOUT
 
 from sasflow.examples.orders.remote import Faults, RemoteService
@@ -52,6 +52,7 @@ def refused(n: int) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", backends("postgres-memory"), indirect=True)
 def test_failing_and_hanging_compensators_escalate_once(steady: Run) -> None:
     """A refund that fails for good: error at once, one alert, nothing released. A refund
     that hangs: expired and retried max_failures times, applied once, then error with one
@@ -96,6 +97,7 @@ def test_failing_and_hanging_compensators_escalate_once(steady: Run) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", backends("sqlite", "postgres-redis"), indirect=True)
 def test_compensator_sigkilled_mid_compensation_applies_once(run: Run) -> None:
     """The only worker applies each refund and hangs before replying; SIGKILLed there, a
     new worker repeats the refund (deduplicated by its key) and releases: every order

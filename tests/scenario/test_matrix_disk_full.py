@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from harness import Cluster, Worker
-from matrix import RECOVERY, open_run, wait_started
+from matrix import LONG, RECOVERY, open_run, wait_started
 from servers import PrivatePostgres
 
 from sasflow.examples.orders.remote import RemoteService
@@ -97,6 +97,7 @@ def test_sqlite_disk_full_reports_and_resumes_once_freed(tmp_path: Path,
 
 
 @pytest.mark.timeout(300)
+@LONG  # a cluster of its own on the tmpfs: initdb and a minute's run
 def test_postgres_disk_full_reports_and_resumes_once_freed(tmp_path: Path,
                                                            remote: RemoteService) -> None:
     """PostgreSQL whose data directory (WAL included) is on a full disk: the worker logs

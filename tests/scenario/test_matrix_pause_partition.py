@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 from harness import Cluster, Worker
-from matrix import POSTGRES_BACKENDS, RECOVERY, Backend, Run, open_run, wait_started
+from matrix import (
+    POSTGRES_BACKENDS,
+    RECOVERY,
+    Backend,
+    Run,
+    backends,
+    open_run,
+    wait_started,
+)
 
 from sasflow.examples.orders.remote import RemoteService
 from support.faultproxy import FaultProxy
@@ -40,6 +48,8 @@ def run(backend: Backend, remote: RemoteService, tmp_path: Path) -> Iterator[Run
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", backends("sqlite", "postgres-memory", "postgres-redis"),
+                         indirect=True)
 def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
     """SIGSTOP a worker holding tasks and the supervisor leader until the tasks expired,
     the lease passed to the standby and the other worker finished them; after SIGCONT
@@ -76,7 +86,8 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend", POSTGRES_BACKENDS, indirect=True)
+@pytest.mark.parametrize("backend", backends("postgres-memory", among=POSTGRES_BACKENDS),
+                         indirect=True)
 def test_worker_cut_off_from_the_store_heals_without_stale_writes(
         run: Run, backend: Backend) -> None:
     """A worker's connections to PostgreSQL go through a proxy that black-holes them while
@@ -88,7 +99,8 @@ def test_worker_cut_off_from_the_store_heals_without_stale_writes(
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend", ["postgres-rabbitmq", "postgres-redis"], indirect=True)
+@pytest.mark.parametrize("backend", backends("postgres-redis", among=POSTGRES_BACKENDS[1:]),
+                         indirect=True)
 def test_worker_cut_off_from_the_broker_heals_without_stale_writes(
         run: Run, backend: Backend) -> None:
     """The same with the worker's connections to the broker black-holed: its requests and
