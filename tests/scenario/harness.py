@@ -74,6 +74,12 @@ class Worker:
         os.kill(self.pid, signal.SIGCONT)
         return at
 
+    def connected_to(self, port: int) -> bool:
+        """Whether the process has an established TCP connection to 127.0.0.1:`port`."""
+        found = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{port} )"],
+                               capture_output=True, text=True, check=False).stdout
+        return f"pid={self.pid}," in found
+
     def proc_state(self) -> str:
         stat = Path(f"/proc/{self.pid}/stat").read_text()
         return stat[stat.rindex(")") + 2]

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from matrix import RECOVERY, Backend, Run, backends, open_run, wait_started
-from scenarioapp import MAX_FAILURES, STALL_REFUND_ENV, STEP_TIMEOUT
+from scenarioapp import MAX_FAILURES, STALL_ENV, STEP_TIMEOUT
 
 from sasflow.examples.orders.remote import Faults, RemoteService
 
@@ -105,7 +105,7 @@ def test_compensator_sigkilled_mid_compensation_applies_once(run: Run) -> None:
     cluster = run.cluster
     orders = 4
     run.submit(orders, lambda n: {"order_id": n, "card": "ok", "refuse_ship": True})
-    victim = cluster.spawn("victim", "scheduler,agent", extra_env={STALL_REFUND_ENV: "1"})
+    victim = cluster.spawn("victim", "scheduler,agent", extra_env={STALL_ENV: "refund"})
     supervisor = cluster.spawn("sup-1", "supervisor")
     cluster.wait_for(f"the victim to apply {orders} refunds and hang",
                      lambda: run.remote.stats()["effects_by_operation"].get("refund") == orders,

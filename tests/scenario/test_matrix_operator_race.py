@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from matrix import RECOVERY, Backend, Run, open_run, wait_started
+from scenarioapp import STALL_ENV
 
 from sasflow.errors import InvalidTransitionError
 from sasflow.examples.orders.remote import Faults, RemoteService
@@ -53,7 +54,8 @@ def test_operator_actions_racing_the_supervisor_recovery_one_wins(run: Run) -> N
     cluster = run.cluster
     total = EACH * len(ACTIONS)
     run.submit(total, healthy)
-    victim = cluster.spawn("victim", "scheduler,agent")
+    # it reserves each order, then hangs holding it until it is killed
+    victim = cluster.spawn("victim", "scheduler,agent", extra_env={STALL_ENV: "reserve"})
     cluster.wait_for(f"the victim to hold all {total} tasks",
                      lambda: len(run.held_by(victim)) == total, timeout=RECOVERY)
     victim.kill()

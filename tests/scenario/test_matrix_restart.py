@@ -50,6 +50,11 @@ def test_postgres_crash_mid_run_with_the_in_process_transport(run: Run,
     """PostgreSQL crashes with orders in flight and starts again: the workers reconnect
     and every order ends once, nothing lost, no effect twice."""
     workers = start(run)
+    # mid-run: every process is connected (a process still starting when the server goes
+    # down is the start-up row, item 1.2 of issue 8)
+    for worker in workers:
+        run.cluster.wait_for(f"{worker.name} connected to the store",
+                             lambda w=worker: w.connected_to(postgres.server.port), timeout=60)
     downtime = postgres.server.restart(crash=True)
     print(f"\nPostgreSQL down {downtime:.1f}s with {sum(run.cluster.locked_by().values())}"
           " orders held")
