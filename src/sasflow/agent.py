@@ -9,7 +9,14 @@ service with retries and a circuit breaker, all before the step's complete-by
 - transient failures until the attempts run out -> a "gave up" reply, so the
   failure is counted now rather than at the deadline;
 - the complete-by passes -> it stops and sends NOTHING, not even an error (S5):
-  another instance may already be running the step again.
+  another instance may already be running the step again. An `async def` is
+  cancelled; a sync function in a thread cannot be (its result is dropped), one
+  in a worker process (`isolation="process"`, isolation.py) is killed.
+
+The function runs once per delivery of a request (R3): nothing after the call
+makes the request come again. A result over the transport's message limit, or
+without a JSON form, is a permanent error reply naming why; a reply the
+transport refuses until the complete-by is logged once and dropped.
 """
 
 from __future__ import annotations
@@ -27,11 +34,13 @@ from typing import Any
 import msgspec
 
 from sasflow.breaker import CircuitBreaker
-from sasflow.errors import ConfigurationError, PermanentError
-from sasflow.messages import Reply, Request, decode_request, encode, refuse_non_finite
+from sasflow.errors import ConfigurationError, PayloadError, PermanentError, TransportError
+from sasflow.isolation import ISOLATIONS, FunctionRef, Isolation, ProcessPool
+from sasflow.messages import Reply, Request, decode_request, encode_within, refuse_non_finite
 from sasflow.model import Phase
 from sasflow.resilience import RetryPolicy, call_with_retries
 from sasflow.transport.base import Transport, agent_queue
+from sasflow.transport.dead_letter import decoded
 
 __all__ = ["AgentFunction", "AgentRequest", "AgentRuntime"]
 
@@ -39,6 +48,11 @@ log = logging.getLogger("sasflow.agent")
 
 # Stop this long before the complete-by: a reply that arrives after it is useless.
 DEADLINE_MARGIN = 0.005
+# An error reply's text is cut to this many characters (an HTTP error body can be
+# megabytes): it travels in a reply, and lands in the store and in an alert.
+_MAX_ERROR_CHARS = 2000
+# Longest wait between two tries to send a reply the transport refused.
+_MAX_SEND_PAUSE = 1.0
 
 
 class AgentRequest:
@@ -81,6 +95,17 @@ class AgentFunction:
     reset_timeout: float = 5.0
     concurrency: int = 256
     undo: Callable[[AgentRequest], Any] | None = None
+    # where a sync function runs: "thread" (cannot be stopped at the complete-by) or
+    # "process" (killed at it); see isolation.py
+    isolation: Isolation = "thread"
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ConfigurationError(
+                f"agent {self.name!r}: isolation must be one of {', '.join(ISOLATIONS)},"
+                f" got {self.isolation!r}", agent=self.name)
+        if self.isolation == "process":
+            FunctionRef.of(self.handler, agent=self.name)
 
     def __call__(self, req: AgentRequest) -> Any:
         return self.handler(req)
@@ -90,6 +115,8 @@ class AgentFunction:
         if self.undo is not None:
             raise ConfigurationError(f"agent {self.name!r} already has a compensator",
                                      agent=self.name)
+        if self.isolation == "process":
+            FunctionRef.of(fn, agent=self.name)
         self.undo = fn
         return fn
 
@@ -107,9 +134,15 @@ class AgentRuntime:
                          for a in agents}
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=64, thread_name_prefix="sasflow-agent")
+        self._processes = {
+            a.name: ProcessPool(a.name, a.concurrency, preload=[
+                FunctionRef.of(fn, agent=a.name) for fn in (a.handler, a.undo) if fn])
+            for a in agents if a.isolation == "process"}
 
     async def run(self) -> None:
         """Consume every served agent's queue until cancelled."""
+        for pool in self._processes.values():
+            pool.warm()
         try:
             async with asyncio.TaskGroup() as group:
                 for agent in self.agents.values():
@@ -118,15 +151,13 @@ class AgentRuntime:
                         prefetch=agent.concurrency))
         finally:
             self._threads.shutdown(wait=False, cancel_futures=True)
+            for pool in self._processes.values():
+                await pool.close()
 
     def _handler(self, agent: AgentFunction) -> Callable[[bytes], Any]:
         async def handle(body: bytes) -> None:
-            try:
-                request = decode_request(body)
-            except msgspec.DecodeError as error:  # redelivering it would not help
-                log.error("agent %s: dropping a malformed request: %s", agent.name, error)
-                return
-            await self.handle(agent, request)
+            # a body that is no request is a dead letter at once (R3): kept, not dropped
+            await self.handle(agent, decoded(decode_request, body, f"request for {agent.name}"))
         return handle
 
     async def handle(self, agent: AgentFunction, request: Request) -> None:
@@ -137,7 +168,7 @@ class AgentRuntime:
         budget = request.complete_by - DEADLINE_MARGIN - self.clock()
         if budget <= 0:
             return  # already too late: silence (S5)
-        call = self._caller(fn, request)
+        call = self._caller(agent, fn, request)
         try:
             async with asyncio.timeout(budget):
                 result = await call_with_retries(
@@ -157,12 +188,21 @@ class AgentRuntime:
             return
         await self._reply(request, ok=True, result=result)
 
-    def _caller(self, fn: Callable[[AgentRequest], Any], request: Request
-                ) -> Callable[[int], Any]:
+    def _caller(self, agent: AgentFunction, fn: Callable[[AgentRequest], Any],
+                request: Request) -> Callable[[int], Any]:
+        """Attempt `n` of `fn` on `request`: on the loop, in a worker process, or in a thread."""
         if inspect.iscoroutinefunction(fn):
             async def call_async(n: int) -> Any:
                 return await fn(AgentRequest(request, n))
             return call_async
+        pool = self._processes.get(agent.name)
+        if pool is not None:
+            ref = FunctionRef.of(fn, agent=agent.name)
+
+            async def call_in_process(n: int) -> Any:
+                # killed at the deadline: nothing of the call happens after it (S5)
+                return await pool.call(ref, request, n)
+            return call_in_process
         loop = asyncio.get_running_loop()
 
         async def call_in_thread(n: int) -> Any:
@@ -172,16 +212,67 @@ class AgentRuntime:
 
     async def _reply(self, request: Request, *, ok: bool, result: Any = None,
                      error: str | None = None, permanent: bool = False) -> None:
+        """Send the unit's reply. Never raises: the request is settled whatever happens.
+
+        A request handled again would call the remote service again (R3), so a
+        reply that cannot be made or sent is not the request's fault: a result
+        that does not fit in a message, or has no JSON form, becomes a permanent
+        error reply saying so; a reply the transport will not take is logged
+        once and dropped, and the step is recovered at its complete-by like any
+        lost reply (the remote deduplicating by the idempotency key).
+        """
         reply = Reply(task_id=request.task_id, step=request.step, phase=request.phase,
-                      epoch=request.epoch, ok=ok, result=result, error=error,
+                      epoch=request.epoch, ok=ok, result=result, error=_clip(error),
                       permanent=permanent)
+        limit = self.transport.max_message_bytes
         try:
-            body = encode(reply)
-            if b"null" in body:
-                refuse_non_finite(result)
-        except (TypeError, msgspec.EncodeError) as exc:
-            reply = Reply(task_id=request.task_id, step=request.step, phase=request.phase,
-                          epoch=request.epoch, ok=False, permanent=True,
-                          error=f"result is not JSON-serialisable: {exc}")
-            body = encode(reply)
-        await self.transport.publish(request.reply_to, body)
+            try:
+                body = encode_within(reply, limit, what="result")
+                if b"null" in body:
+                    refuse_non_finite(result)
+            except (TypeError, msgspec.EncodeError) as exc:
+                body = encode_within(self._refusal(
+                    request, f"result is not JSON-serialisable: {exc}"), limit, what="reply")
+            except PayloadError as exc:
+                body = encode_within(self._refusal(request, str(exc)), limit, what="reply")
+        except PayloadError as exc:  # even the refusal does not fit: the limit is absurd
+            log.error("%s/%s: no reply can be sent: %s", request.task_id, request.step, exc)
+            return
+        await self._send(request, body)
+
+    @staticmethod
+    def _refusal(request: Request, error: str) -> Reply:
+        """The permanent error reply that stands for a result that cannot be sent."""
+        log.error("%s/%s: %s", request.task_id, request.step, error)
+        return Reply(task_id=request.task_id, step=request.step, phase=request.phase,
+                     epoch=request.epoch, ok=False, permanent=True, error=error)
+
+    async def _send(self, request: Request, body: bytes) -> None:
+        """Publish a reply, retrying a transport fault while the complete-by allows.
+
+        A reply after the complete-by would be useless (the scheduler has stopped
+        waiting) and is not sent (S5).
+        """
+        pause = 0.05
+        while True:
+            try:
+                await self.transport.publish(request.reply_to, body)
+                return
+            except TransportError as error:
+                if self.clock() + pause >= request.complete_by - DEADLINE_MARGIN:
+                    log.error("%s/%s: reply not sent, the step will be recovered after its"
+                              " complete-by: %s", request.task_id, request.step, error)
+                    return
+            except Exception:  # not a transport fault: trying again would not help
+                log.exception("%s/%s: reply not sent, the step will be recovered after its"
+                              " complete-by", request.task_id, request.step)
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _MAX_SEND_PAUSE)
+
+
+def _clip(error: str | None) -> str | None:
+    """An error's text, cut to a size that a reply, the store and an alert can carry."""
+    if error is None or len(error) <= _MAX_ERROR_CHARS:
+        return error
+    return f"{error[:_MAX_ERROR_CHARS]}... ({len(error) - _MAX_ERROR_CHARS} more characters)"

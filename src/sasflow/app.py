@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -17,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sasflow.agent import AgentFunction, AgentRequest
@@ -28,9 +30,10 @@ from sasflow.errors import (
     UnknownWorkflowError,
     WaitTimeout,
 )
+from sasflow.isolation import Isolation
 from sasflow.messages import Status, decode_status, encode_json_value
 from sasflow.model import Task, TaskState, idempotency_key
-from sasflow.plan import Plan
+from sasflow.plan import Plan, task_version
 from sasflow.portal import Portal, refuse_inside_a_loop
 from sasflow.resilience import RetryPolicy
 from sasflow.store import Store, open_store
@@ -38,13 +41,35 @@ from sasflow.store.base import Alert, HistoryEntry, NewTask
 from sasflow.transition import Transition
 from sasflow.transport import Transport, open_transport
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES
+from sasflow.transport.dead_letter import (
+    MalformedMessage,
+    decoded,
+    letter_for,
+    log_dead_letter,
+)
 from sasflow.worker import ROLES, Worker
 from sasflow.workflow import Step, Workflow
 
-__all__ = ["App"]
+__all__ = ["App", "Migration"]
+
+log = logging.getLogger("sasflow.app")
 
 DEFAULT_STORE = "sqlite:///sasflow.db"
+_DEFAULT_CONCURRENCY = 256  # an agent's calls at once, on the loop or in threads
+_DEFAULT_PROCESSES = 8  # ... in worker processes, each one a Python process
 _MAX_TASK_ID = 200
+_ALL = 2**31 - 1  # every task of a listing
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """What `App.migrate` did, or (dry run) would do, with one task."""
+
+    task_id: str
+    from_version: str
+    to_version: str
+    migrated: bool  # done (or possible, in a dry run)
+    refused: str | None  # why not, in one line
 
 
 def new_task_id() -> str:
@@ -74,6 +99,7 @@ class App:
         self.agents: dict[str, AgentFunction] = {}
         self.workflows: dict[str, Workflow] = {}
         self._store: Store | None = None
+        self._connect_within: float | None = None
         self._transport: Transport | None = None
         self._portal = Portal()
         self._workers: list[tuple[asyncio.AbstractEventLoop, Worker]] = []
@@ -85,9 +111,16 @@ class App:
     # ------------------------------------------------------------ declarations
     def agent(self, name: str, *, attempts: int = 10, initial_wait: float = 0.05,
               max_wait: float = 2.0, failure_threshold: int = 5, reset_timeout: float = 5.0,
-              concurrency: int = 256) -> Callable[[Callable[[AgentRequest], Any]],
-                                                  AgentFunction]:
-        """Declare an agent: the function that calls one remote service (S3)."""
+              concurrency: int | None = None, isolation: Isolation = "thread"
+              ) -> Callable[[Callable[[AgentRequest], Any]], AgentFunction]:
+        """Declare an agent: the function that calls one remote service (S3).
+
+        `isolation` says where a sync function runs: "thread" (the default; at the
+        complete-by its result is dropped, but the call cannot be stopped) or
+        "process" (each call in a worker process, killed at the complete-by; the
+        function must be defined at the top level of a module). `concurrency`
+        bounds the calls at once: 256 in threads, 8 worker processes by default.
+        """
         if not name or not isinstance(name, str):
             raise ConfigurationError(f"agent name must be a non-empty string, got {name!r}")
         if name in self.agents:
@@ -98,9 +131,11 @@ class App:
             raise ConfigurationError(f"agent {name!r}: {error}", agent=name) from None
 
         def declare(fn: Callable[[AgentRequest], Any]) -> AgentFunction:
-            declared = AgentFunction(name=name, handler=fn, retry=policy,
-                                     failure_threshold=failure_threshold,
-                                     reset_timeout=reset_timeout, concurrency=concurrency)
+            declared = AgentFunction(
+                name=name, handler=fn, retry=policy, failure_threshold=failure_threshold,
+                reset_timeout=reset_timeout, isolation=isolation,
+                concurrency=concurrency if concurrency is not None else (
+                    _DEFAULT_PROCESSES if isolation == "process" else _DEFAULT_CONCURRENCY))
             self.agents[name] = declared
             return declared
 
@@ -123,14 +158,19 @@ class App:
         return {name: Plan(wf, compensable) for name, wf in self.workflows.items()}
 
     def on_alert(self, callback: Callable[[Alert], None]) -> Callable[[Alert], None]:
-        """Call `callback` with each operator alert raised in this process (E8)."""
+        """Call `callback` with each operator alert raised in this process: a task's move
+        to error (E8), or an incident its supervisor raised (R4; no task id)."""
         self._alert_callbacks.append(callback)
         return callback
 
-    def configure(self, *, store: str | None = None, transport: str | None = None) -> None:
-        """Point the app elsewhere before it first touches its store (the CLI's options)."""
+    def configure(self, *, store: str | None = None, transport: str | None = None,
+                  connect_within: float | None = None) -> None:
+        """Point the app elsewhere before it first touches its store (the CLI's options);
+        `connect_within` bounds the wait for a server store (operator commands)."""
         if self._store is not None or self._transport is not None:
             raise ConfigurationError("configure() must come before the store is opened")
+        if connect_within is not None:
+            self._connect_within = connect_within
         if store is not None:
             self.store_url = store
         if transport is not None:
@@ -141,14 +181,16 @@ class App:
     def store(self) -> Store:
         if self._store is None:
             url = self.store_url or os.environ.get("SASFLOW_STORE") or DEFAULT_STORE
-            self._store = open_store(url, clock=self.clock)
+            self._store = open_store(url, clock=self.clock, connect_within=self._connect_within)
         return self._store
 
     @property
     def transport(self) -> Transport:
         if self._transport is None:
             url = self.transport_url or os.environ.get("SASFLOW_TRANSPORT")
-            self._transport = open_transport(url, max_message_bytes=self.max_payload_bytes)
+            # in-process queues die with the process: their dead letters go to the store
+            self._transport = open_transport(url, max_message_bytes=self.max_payload_bytes,
+                                             dead_letter_box=lambda: self.store)
         return self._transport
 
     # ------------------------------------------------------------ submission
@@ -178,7 +220,8 @@ class App:
                                f" {self.max_payload_bytes} bytes", task_id=task_id)
         return NewTask(task_id=task_id, workflow=workflow, input_json=body, reply_to=reply_to,
                        steps=[(s.name, s.agent, idempotency_key(task_id, s.name))
-                              for s in declared.steps])
+                              for s in declared.steps],
+                       version=declared.version)  # only workers of this version run it
 
     async def asubmit(self, workflow: str, input: Any = None, *, task_id: str | None = None,
                       reply_to: str | None = None, connection: Any = None) -> str:
@@ -265,22 +308,33 @@ class App:
     async def listen(self, queue: str) -> AsyncIterator[Status]:
         """Status messages of the tasks submitted with ``reply_to=queue`` (E11)."""
         if self.transport.shared:
-            inbox: asyncio.Queue[bytes] = asyncio.Queue()
+            inbox: asyncio.Queue[Status] = asyncio.Queue()
 
             async def put(body: bytes) -> None:
-                await inbox.put(body)
+                # decoded here: a body that is no status is the transport's dead letter (R3)
+                await inbox.put(decoded(decode_status, body, "status message"))
 
             consumer = asyncio.create_task(self.transport.consume(queue, put, prefetch=256))
             try:
                 while True:
-                    yield decode_status(await inbox.get())
+                    yield await inbox.get()
             finally:
                 consumer.cancel()
+                # its connection is closed by the time the listener goes on
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await consumer
         # in-process queues cannot cross processes: read this queue's outbox directly
         while True:
             messages = await self.store.take_outbox([queue], 256)
             for message in messages:
-                yield decode_status(message.body)
+                try:
+                    status = decoded(decode_status, message.body, "status message")
+                except MalformedMessage as error:  # kept aside once, as a transport would
+                    letter = letter_for(queue, message.body, error)
+                    await self.store.add_dead_letter(letter)
+                    log_dead_letter(log, letter)
+                    continue
+                yield status
             await self.store.ack_outbox([m.id for m in messages])
             if not messages:
                 await asyncio.sleep(0.02)
@@ -312,6 +366,50 @@ class App:
     async def acancel(self, task_id: str) -> Task:
         return await self._operate(task_id, lambda p, t, now: p.cancel(t, now))
 
+    async def amigrate(self, workflow: str, *, from_version: str | None = None,
+                       dry_run: bool = False) -> list[Migration]:
+        """Move the pending and error tasks of other versions of `workflow` (or of
+        `from_version` only) onto the version declared here, each where it is
+        provably safe (plan.Plan.migrate), fenced like every operator action.
+
+        Returns what became of each task, oldest first; with `dry_run` nothing is
+        written and each says what would be done. Tasks being run are left to the
+        workers of their own version.
+        """
+        plan = self.plans().get(workflow)
+        if plan is None:
+            known = ", ".join(sorted(self.workflows)) or "none"
+            raise UnknownWorkflowError(f"unknown workflow {workflow!r} (declared: {known})")
+        target = plan.workflow.version
+        if from_version == target:
+            raise InvalidTransitionError(f"version {target} is the one this application"
+                                         f" declares for {workflow!r}: nothing to migrate")
+        done = []
+        for state in (TaskState.PENDING, TaskState.ERROR):
+            for found in await self.store.list_tasks(state=state, workflow=workflow,
+                                                     limit=_ALL):
+                if found.version == target or from_version not in (None, found.version):
+                    continue
+                done.append(await self._migrate_one(plan, found.task_id, dry_run))
+        return done
+
+    async def _migrate_one(self, plan: Plan, task_id: str, dry_run: bool) -> Migration:
+        task = await self.aget(task_id)
+        old = task_version(task)
+        try:
+            if dry_run:
+                plan.migrate(task, self.store.now())
+            else:
+                await self._operate(task_id, lambda p, t, now: plan.migrate(t, now))
+        except InvalidTransitionError as refused:
+            return Migration(task_id, old, plan.workflow.version, False, str(refused))
+        return Migration(task_id, old, plan.workflow.version, True, None)
+
+    def migrate(self, workflow: str, *, from_version: str | None = None,
+                dry_run: bool = False) -> list[Migration]:
+        return self._portal.call(self.amigrate(workflow, from_version=from_version,
+                                               dry_run=dry_run))
+
     def retry(self, task_id: str, step: str | None = None) -> Task:
         return self._portal.call(self.aretry(task_id, step))
 
@@ -328,7 +426,7 @@ class App:
         return Worker(self, roles=roles, agents=agents, concurrency=concurrency,
                       supervisor_interval=supervisor_interval,
                       instance_id=instance_id or default_instance_id(),
-                      on_applied=self._applied)
+                      on_applied=self._applied, on_alert=self._alerted)
 
     async def arun(self, **options: Any) -> None:
         """Run scheduler, agents and supervisor in this event loop until cancelled."""
@@ -400,13 +498,16 @@ class App:
         self.stop()
 
     # ------------------------------------------------------------ in-process signals
+    def _alerted(self, alert: Alert) -> None:
+        """An alert raised in this process: a task's (E8) or an incident's (R4)."""
+        for callback in self._alert_callbacks:
+            callback(alert)
+
     def _applied(self, transition: Transition) -> None:
         if transition.alert:
-            alert = Alert(id=0, task_id=transition.task_id, at=self.store.now(),
-                          message=transition.alert, step=transition.alert_step,
-                          agent=transition.alert_agent)
-            for callback in self._alert_callbacks:
-                callback(alert)
+            self._alerted(Alert(id=0, task_id=transition.task_id, at=self.store.now(),
+                                message=transition.alert, step=transition.alert_step,
+                                agent=transition.alert_agent))
         if transition.state in (TaskState.PENDING, TaskState.COMPENSATING) and (
                 transition.locked_by is None):
             self._wake_schedulers()

@@ -1,7 +1,11 @@
 """What travels over the transport: requests to agents, their replies, and the
 status messages an application receives on its own queue (S4, E11).
 
-JSON on the wire (msgspec), so any broker and any language can read it.
+JSON on the wire (msgspec), so any broker and any language can read it. Every
+message has to fit in the transport's limit (`max_message_bytes`); requests
+and replies are encoded with `encode_within`, so a payload that outgrew it is
+refused where it is made, with its size and the limit, rather than by the
+broker somewhere downstream (R3, U7).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from sasflow.errors import PayloadError
 from sasflow.model import Phase
 
 __all__ = [
@@ -21,6 +26,7 @@ __all__ = [
     "decode_request",
     "encode",
     "encode_json_value",
+    "encode_within",
     "refuse_non_finite",
 ]
 
@@ -78,6 +84,20 @@ encode = _encoder.encode
 decode_request = _request_decoder.decode
 decode_reply = _reply_decoder.decode
 decode_status = _status_decoder.decode
+
+
+def encode_within(message: Request | Reply, limit: int, *, what: str) -> bytes:
+    """`message` as JSON, or PayloadError naming `what`, its size and `limit`.
+
+    A request carries the task's input and every earlier step's result, a reply
+    an agent's result: either can outgrow what the transport carries. The
+    error's text is what the task's error and the operator's alert will say.
+    """
+    body = _encoder.encode(message)
+    if len(body) > limit:
+        raise PayloadError(f"{what} of {len(body)} bytes is over the message limit of"
+                           f" {limit} bytes", task_id=message.task_id, step=message.step)
+    return body
 
 
 def encode_json_value(value: Any) -> bytes:

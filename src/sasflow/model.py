@@ -206,6 +206,9 @@ class Task(msgspec.Struct, kw_only=True):
     error: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    # the version of its workflow it was planned for (workflow.py: Workflow.version);
+    # only workers that declare this version run it (R4, M4)
+    version: str | None = None
     steps: list[StepRecord] = msgspec.field(default_factory=list)
 
     @property
@@ -222,6 +225,7 @@ class Task(msgspec.Struct, kw_only=True):
         out: dict[str, Any] = {
             "task_id": self.task_id,
             "workflow": self.workflow,
+            "version": self.version,
             "state": self.state.value,
             "locked_by": self.locked_by,
             "complete_by": isoformat(self.complete_by),

@@ -10,6 +10,16 @@ pattern (S2, S6, S8, S9, E8, E9) live in one place.
 Forward (phase do) the cursor is the step being run. Backward (phase undo) it
 is the highest step that may still need undoing; the planner walks it down over
 the steps that completed, or whose outcome is in doubt, and have a compensator.
+
+Versions (R4, M4). A task is planned for one shape of its workflow: the steps
+(names and agents, in order) it was submitted with, which its version names.
+Whatever runs a unit, or leads to running one (claim, reply, release, retry,
+compensate), needs the declaration's step list to be the task's, and refuses
+with InvalidTransitionError naming both versions otherwise: never an IndexError
+or a step run again because the list moved under it. Expiry and cancel read
+only the task's own steps, so the supervisor of any release can count an
+expiry (the release leaves the task to schedulers of its own version). `migrate`
+re-plans a task onto this declaration when that is provably safe.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from sasflow.errors import InvalidTransitionError
 from sasflow.model import (
     CompensationRecord,
     Phase,
+    StepRecord,
     StepState,
     Task,
     TaskState,
@@ -28,11 +39,17 @@ from sasflow.model import (
     idempotency_key,
 )
 from sasflow.transition import Transition, UnitChange
-from sasflow.workflow import OnFailure, Workflow
+from sasflow.workflow import OnFailure, Workflow, workflow_version
 
-__all__ = ["Plan"]
+__all__ = ["Plan", "task_version"]
 
 Event = tuple[str, str | None]
+
+
+def task_version(task: Task) -> str:
+    """The version a task was planned for: as stored, else from its own steps."""
+    return task.version or workflow_version(task.workflow,
+                                            [(s.name, s.agent) for s in task.steps])
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +62,7 @@ class Plan:
     # ------------------------------------------------------------ scheduler
     def claim(self, task: Task, owner: str, now: float) -> Transition:
         """A scheduler takes an unlocked pending or compensating task (E3)."""
+        self._same_shape(task, "claim")
         fence = _Fence(task, owner=None, claim=True)
         if task.state is TaskState.PENDING:
             return self._run_step(task, fence, owner, now, why="claimed")
@@ -57,6 +75,7 @@ class Plan:
         A failure that is not permanent means the agent ran out of attempts: it
         counts like an expiry, only sooner.
         """
+        self._same_shape(task, "apply a reply to")
         fence = _Fence(task, owner=owner)
         name = task.steps[task.cursor].name
         if not ok and not permanent:
@@ -91,6 +110,7 @@ class Plan:
 
     def release(self, task: Task, owner: str, now: float) -> Transition:
         """A scheduler shutting down hands its task back, counting no failure."""
+        self._same_shape(task, "release")
         fence = _Fence(task, owner=owner)
         undoing = task.state is TaskState.COMPENSATING
         name = task.steps[task.cursor].name
@@ -152,6 +172,7 @@ class Plan:
     def retry(self, task: Task, now: float, step: str | None = None) -> Transition:
         """Resubmit the failed step (or failed compensation) of a task in error."""
         self._allow(task, TaskState.PENDING, "retry")
+        self._same_shape(task, "retry")
         fence = _Fence(task, owner=task.locked_by)
         record = task.steps[task.cursor]
         undoing = task.phase is Phase.UNDO
@@ -180,6 +201,7 @@ class Plan:
                 f"cannot compensate task {task.task_id}: it is already compensating",
                 task_id=task.task_id)
         self._allow(task, TaskState.COMPENSATING, "compensate")
+        self._same_shape(task, "compensate")
         fence = _Fence(task, owner=task.locked_by)
         record = task.steps[task.cursor]
         units = []
@@ -213,7 +235,85 @@ class Plan:
                           locked_by=None, why="operator cancelled",
                           events=[("cancelled", None)])
 
+    def migrate(self, task: Task, now: float) -> Transition:
+        """Re-plan a task of another version of this workflow onto this declaration.
+
+        Only when it is provably safe: the task is unlocked and moving forward
+        (pending, or error at a failed step); every step it has started keeps its
+        place, name and agent in this declaration (a prefix of both lists); and
+        this declaration has a step at the task's cursor to resume from. The steps
+        after that prefix, none of which ever ran, become this declaration's.
+        Anything else is refused with InvalidTransitionError saying why.
+        """
+        target, current = self.workflow.version, task_version(task)
+        what = (f"cannot migrate task {task.task_id} from version {current} to {target}"
+                f" of workflow {self.workflow.name!r}")
+        if task.workflow != self.workflow.name:
+            raise InvalidTransitionError(f"{what}: it is a task of workflow {task.workflow!r}",
+                                         task_id=task.task_id)
+        if current == target and self._shape_of(task) == self._shape():
+            raise InvalidTransitionError(f"{what}: it is of that version already",
+                                         task_id=task.task_id)
+        if task.locked_by is not None or task.phase is not Phase.DO or task.state not in (
+                TaskState.PENDING, TaskState.ERROR):
+            where = " while compensating" if task.phase is Phase.UNDO else ""
+            raise InvalidTransitionError(
+                f"{what}: it is {task.state.value}{where}; only unlocked pending or error"
+                " tasks moving forward can be migrated", task_id=task.task_id)
+        declared, held = self._shape(), self._shape_of(task)
+        kept = next((i for i, (a, b) in enumerate(zip(held, declared, strict=False)) if a != b),
+                    min(len(held), len(declared)))
+        for index in range(kept, len(task.steps)):
+            record = task.steps[index]
+            if record.state is not StepState.PENDING or record.attempts or record.in_doubt or (
+                    record.compensation is not None):
+                raise InvalidTransitionError(
+                    f"{what}: step {record.name!r} (agent {record.agent!r}, position"
+                    f" {index + 1}) has run and version {target} has no such step there",
+                    task_id=task.task_id, step=record.name)
+        if task.cursor >= len(declared):
+            raise InvalidTransitionError(
+                f"{what}: version {target} has no step left to run after"
+                f" {', '.join(n for n, _ in declared)}; finish it on a worker of version"
+                f" {current}, or cancel it", task_id=task.task_id)
+        fence = _Fence(task, owner=None)
+        units = [UnitChange(index=i, phase=Phase.DO, name=step.name, agent=step.agent,
+                            idempotency_key=idempotency_key(task.task_id, step.name),
+                            state=StepState.PENDING)
+                 for i, step in enumerate(self.workflow.steps) if i >= kept]
+        del task.steps[kept:]
+        task.steps.extend(StepRecord(name=u.name, agent=u.agent, state=StepState.PENDING,
+                                     idempotency_key=u.idempotency_key) for u in units)
+        transition = self._move(task, fence, task.state, "operator", now, units=units,
+                                why=f"operator migrated it from version {current} to {target}")
+        transition.version, task.version = target, target
+        if len(held) > len(declared):
+            transition.steps_from = len(declared)
+        return transition
+
     # ------------------------------------------------------------ building blocks
+    def _shape(self) -> list[tuple[str, str]]:
+        return [(s.name, s.agent) for s in self.workflow.steps]
+
+    @staticmethod
+    def _shape_of(task: Task) -> list[tuple[str, str]]:
+        return [(s.name, s.agent) for s in task.steps]
+
+    def _same_shape(self, task: Task, action: str) -> None:
+        """Refuse to plan a task under a declaration whose step list is not the task's."""
+        steps = self.workflow.steps
+        if task.workflow == self.workflow.name and len(task.steps) == len(steps) and all(
+                r.name == s.name and r.agent == s.agent
+                for r, s in zip(task.steps, steps, strict=True)):
+            return  # (on every claim and reply: no lists built)
+        declared, current = self.workflow.version, task_version(task)
+        raise InvalidTransitionError(
+            f"cannot {action} task {task.task_id}: it was planned for version {current} of"
+            f" workflow {task.workflow!r} (steps: {_names(self._shape_of(task))}) and this"
+            f" application declares version {declared} (steps: {_names(self._shape())});"
+            f" run it on a worker of version {current}, or migrate it"
+            " (sasflow tasks migrate)", task_id=task.task_id)
+
     def _run_step(self, task: Task, fence: _Fence, owner: str, now: float, *, why: str,
                   units: list[UnitChange] | None = None,
                   events: list[Event] | None = None) -> Transition:
@@ -346,6 +446,10 @@ class Plan:
         task.state, task.locked_by, task.complete_by = state, locked_by, complete_by
         task.epoch = fence.epoch + fence.claim
         return transition
+
+
+def _names(shape: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name}/{agent}" for name, agent in shape) or "none"
 
 
 class _Fence:

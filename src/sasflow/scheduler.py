@@ -17,12 +17,14 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
-from sasflow.messages import Reply, Request, decode_reply, encode
+from sasflow.errors import PayloadError
+from sasflow.messages import Reply, Request, decode_reply, encode_within
 from sasflow.model import Phase, Task, TaskState
 from sasflow.plan import Plan
 from sasflow.store.base import Store
 from sasflow.transition import Transition
 from sasflow.transport.base import Transport, agent_queue, reply_queue
+from sasflow.transport.dead_letter import decoded
 
 __all__ = ["Scheduler"]
 
@@ -162,6 +164,14 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         try:
             await self._run_units(task, plan, loop)
+        except Exception:
+            # A failed driver (the transport or the store raised) forgets its task and
+            # leaves it to expire: the supervisor then releases it and counts a failure
+            # (S8), which bounds retries of a lasting fault. Handing it back at once
+            # would claim and fail again in a hot loop, and could start a request
+            # already published a second time before its complete-by.
+            self._held.pop(task.task_id, None)
+            raise
         finally:
             if task.locked_by != self.instance_id:
                 self._held.pop(task.task_id, None)
@@ -170,17 +180,16 @@ class Scheduler:
         while task.locked_by == self.instance_id and task.state in (
                 TaskState.PROCESSING, TaskState.COMPENSATING):
             request = self._request(task)
-            future: asyncio.Future[Reply | None] = loop.create_future()
-            self._waiting[task.task_id] = (task.epoch, request.step, request.phase, future)
-            # a plain timer, not asyncio.timeout(): this runs once per step
-            delay = max(0.0, request.complete_by - self.store.now())
-            timer = loop.call_later(delay, _give_up, future)
             try:
-                await self.transport.publish(agent_queue(request.agent), encode(request))
-                reply = await future
-            finally:
-                timer.cancel()
-                self._waiting.pop(task.task_id, None)
+                body = encode_within(request, self.transport.max_message_bytes,
+                                     what="request")
+            except PayloadError as error:
+                # the input and the results it carries outgrew a message: sending it
+                # again cannot help, so the unit fails for good, as an agent's
+                # permanent error would make it (R3, U7)
+                reply: Reply | None = _refused(request, str(error))
+            else:
+                reply = await self._exchange(request, body, loop)
             if reply is None:  # E7: the record stays as it is, expired; the supervisor acts
                 task.locked_by = None
                 return
@@ -192,6 +201,21 @@ class Scheduler:
                 task.locked_by = None
                 return
             self.on_applied(transition)
+
+    async def _exchange(self, request: Request, body: bytes,
+                        loop: asyncio.AbstractEventLoop) -> Reply | None:
+        """Send a unit's request; its reply, or None once its complete-by passed."""
+        future: asyncio.Future[Reply | None] = loop.create_future()
+        self._waiting[request.task_id] = (request.epoch, request.step, request.phase, future)
+        # a plain timer, not asyncio.timeout(): this runs once per step
+        delay = max(0.0, request.complete_by - self.store.now())
+        timer = loop.call_later(delay, _give_up, future)
+        try:
+            await self.transport.publish(agent_queue(request.agent), body)
+            return await future
+        finally:
+            timer.cancel()
+            self._waiting.pop(request.task_id, None)
 
     def _request(self, task: Task) -> Request:
         record = task.steps[task.cursor]
@@ -206,7 +230,8 @@ class Scheduler:
                        reply_to=self.reply_queue, result=record.result if undo else None)
 
     async def _on_reply(self, body: bytes) -> None:
-        reply = decode_reply(body)
+        # a body that is no reply is a dead letter at once (R3), never redelivered
+        reply = decoded(decode_reply, body, "reply")
         waiting = self._waiting.get(reply.task_id)
         if waiting is None:
             return  # a reply for a task this instance no longer drives
@@ -214,6 +239,13 @@ class Scheduler:
         if (reply.epoch, reply.step, reply.phase) != (epoch, step, phase) or future.done():
             return  # stale: from an earlier claim, or a duplicate delivery
         future.set_result(reply)
+
+
+def _refused(request: Request, error: str) -> Reply:
+    """The permanent error reply for a request that could not be sent at all."""
+    log.error("%s/%s: %s", request.task_id, request.step, error)
+    return Reply(task_id=request.task_id, step=request.step, phase=request.phase,
+                 epoch=request.epoch, ok=False, error=error, permanent=True)
 
 
 def _give_up(future: asyncio.Future[Reply | None]) -> None:

@@ -13,6 +13,14 @@ Several supervisors may run; a lease with an expiry and a fencing epoch elects
 the one that sweeps. When the leader dies its lease runs out and another takes
 over. Each recovery is also fenced with the lease's epoch: a leader that was
 paused and deposed meanwhile writes nothing when it wakes (M3).
+
+It sweeps only the workflows it declares, by name (R4): tasks of a workflow no
+process here knows are never read, however many, so they cannot fill its batch
+and hold up the others. It counts the expiries of every version of those
+workflows (an expiry reads only the task's own steps), and the release leaves
+each task to the schedulers of its own version. What no live process can take
+is reported as one alert per incident (incidents.py). Each batch of recoveries
+is logged in one line.
 """
 
 from __future__ import annotations
@@ -21,8 +29,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
+from sasflow.incidents import IncidentWatch
 from sasflow.plan import Plan
-from sasflow.store.base import Store
+from sasflow.store.base import Alert, Store
 from sasflow.transition import LeaseFence, Transition
 
 __all__ = ["LEASE_NAME", "Supervisor"]
@@ -31,12 +40,20 @@ log = logging.getLogger("sasflow.supervisor")
 
 LEASE_NAME = "supervisor"
 _EXPIRY_SLACK = 0.002  # seconds past a complete-by before looking: it must have passed
+_LOGGED_PER_BATCH = 5  # recoveries named in a batch's log line; the rest are counted
 
 
 class Supervisor:
     def __init__(self, store: Store, plans: Mapping[str, Plan], *, instance_id: str,
                  interval: float = 1.0, batch: int = 1000,
-                 on_applied: Callable[[Transition], None] = lambda t: None) -> None:
+                 on_applied: Callable[[Transition], None] = lambda t: None,
+                 on_alert: Callable[[Alert], None] = lambda a: None,
+                 census_interval: float | None = None, instance_ttl: float = 30.0,
+                 realert_after: float = 3600.0) -> None:
+        """`census_interval` (default 10 intervals): how often the leader compares what
+        unfinished tasks need with what live instances declare; `instance_ttl`: how
+        old a heartbeat may be for its instance to count as live; `realert_after`: when
+        an incident still there is raised again (R4, incidents.py)."""
         if interval <= 0:
             raise ValueError("the supervisor interval must be > 0")
         self.store = store
@@ -47,6 +64,10 @@ class Supervisor:
         self.on_applied = on_applied
         self.lease_epoch: int | None = None
         self.recovered = 0  # expiries this instance has acted on
+        self.incidents = IncidentWatch(
+            store, plans, every=census_interval if census_interval is not None
+            else 10 * interval, instance_ttl=instance_ttl, realert_after=realert_after,
+            on_alert=on_alert)
 
     @property
     def lease_ttl(self) -> float:
@@ -69,7 +90,7 @@ class Supervisor:
                     await self.sweep()
                 delay = renew_at - loop.time()
                 if self.lease_epoch is not None:
-                    due = await self.store.next_expiry()
+                    due = await self.store.next_expiry(self.plans)
                     wait = None if due is None else due - self.store.now()
                     if wait is not None and wait > 0:  # (one still expired is left to the interval)
                         delay = min(delay, wait + _EXPIRY_SLACK)
@@ -88,32 +109,46 @@ class Supervisor:
         return await self.sweep() if epoch is not None else 0
 
     async def sweep(self) -> int:
-        """Recover every expired unit once; returns how many this call recovered."""
+        """Recover every expired unit once; returns how many this call recovered.
+
+        Then, if one is due, the census of incidents (R4).
+        """
         total = 0
         while True:
-            expired = await self.store.expired(self.batch)
+            # only the workflows declared here, by name: the others cost nothing (R4)
+            expired = await self.store.expired(self.batch, self.plans)
             if not expired:
-                return total
+                break
             transitions = []
             for task in expired:
-                plan = self.plans.get(task.workflow)
-                if plan is None:
-                    log.warning("task %s: workflow %r is not known here", task.task_id,
-                                task.workflow)
-                    continue
-                transition = plan.expire(task, self.instance_id, self.store.now())
+                transition = self.plans[task.workflow].expire(task, self.instance_id,
+                                                              self.store.now())
                 if self.lease_epoch is not None:  # fenced: a deposed leader writes nothing
                     transition.lease = LeaseFence(LEASE_NAME, self.instance_id,
                                                   self.lease_epoch)
                 transitions.append(transition)
-            if not transitions:
-                return total
             # applied together: the store group-commits them
             applied = await asyncio.gather(*(self.store.apply(t) for t in transitions))
-            for transition, ok in zip(transitions, applied, strict=True):
-                if ok:
-                    self.on_applied(transition)
-            total += sum(applied)
-            self.recovered += sum(applied)
-            if len(expired) < self.batch or not any(applied):
-                return total
+            done = [t for t, ok in zip(transitions, applied, strict=True) if ok]
+            for transition in done:
+                self.on_applied(transition)
+            self._log_recoveries(done)
+            total += len(done)
+            self.recovered += len(done)
+            if len(expired) < self.batch or not done:
+                break
+        await self.incidents.maybe_check()
+        return total
+
+    def _log_recoveries(self, done: list[Transition]) -> None:
+        """One line per batch: how many, by outcome, and the first few by task and why."""
+        if not done:
+            return
+        outcomes: dict[str, int] = {}
+        for transition in done:
+            outcomes[transition.state.value] = outcomes.get(transition.state.value, 0) + 1
+        named = "; ".join(f"{t.task_id} ({t.why})" for t in done[:_LOGGED_PER_BATCH])
+        more = len(done) - _LOGGED_PER_BATCH
+        log.info("recovered %d expired task(s) (%s): %s%s", len(done),
+                 ", ".join(f"{n} {state}" for state, n in sorted(outcomes.items())), named,
+                 f"; and {more} more" if more > 0 else "")

@@ -77,3 +77,7 @@ class Transition(msgspec.Struct, kw_only=True):
     alert: str | None = None
     alert_step: str | None = None
     alert_agent: str | None = None
+    # a migration (plan.Plan.migrate) re-plans the task onto another version: its new
+    # version, and where its step rows end now if the new shape has fewer steps
+    version: str | None = None  # None keeps the task's
+    steps_from: int | None = None  # step rows (phase do) from this index on are dropped

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from sasflow.agent import AgentRuntime
 from sasflow.errors import ConfigurationError
 from sasflow.scheduler import Scheduler
+from sasflow.store.base import Alert
 from sasflow.supervisor import Supervisor
 from sasflow.transition import Transition
 
@@ -33,7 +34,8 @@ class Worker:
     def __init__(self, app: App, *, roles: Collection[str] = ROLES,
                  agents: Collection[str] | None = None, concurrency: int = 64,
                  supervisor_interval: float = 1.0, instance_id: str,
-                 on_applied: Callable[[Transition], None] = lambda t: None) -> None:
+                 on_applied: Callable[[Transition], None] = lambda t: None,
+                 on_alert: Callable[[Alert], None] = lambda a: None) -> None:
         unknown = set(roles) - set(ROLES)
         if unknown or not roles:
             raise ConfigurationError(
@@ -56,8 +58,8 @@ class Worker:
         self.agents = AgentRuntime(transport, [app.agents[a] for a in served]
                                    ) if "agent" in self.roles else None
         self.supervisor = Supervisor(store, plans, instance_id=instance_id,
-                                     interval=supervisor_interval, on_applied=on_applied
-                                     ) if "supervisor" in self.roles else None
+                                     interval=supervisor_interval, on_applied=on_applied,
+                                     on_alert=on_alert) if "supervisor" in self.roles else None
 
     async def run(self) -> None:
         """Run the roles until cancelled."""

@@ -38,10 +38,12 @@ def test_reading_an_unmigrated_postgres_store_says_to_upgrade_then_upgrade_fixes
     assert before.returncode == 1
     assert "run `sasflow db upgrade`" in before.stderr
     assert len(before.stderr.strip().splitlines()) == 1
-    for _ in range(2):  # repeating it is harmless
-        upgraded = sasflow("db", "upgrade", "--store", empty_schema)
-        assert upgraded.returncode == 0, upgraded.stderr
-        assert "schema up to date" in upgraded.stdout
+    upgraded = sasflow("db", "upgrade", "--store", empty_schema)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert upgraded.stdout.startswith("applied ") and "0001_initial.sql" in upgraded.stdout
+    again = sasflow("db", "upgrade", "--store", empty_schema)  # repeating it is harmless
+    assert (again.returncode, again.stdout) == (
+        0, f"schema already up to date: {empty_schema}\n")
     after = sasflow("tasks", "list", "--json", "--store", empty_schema)
     assert (after.returncode, after.stdout.strip()) == (0, "[]")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -99,6 +100,12 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture
+def postgres_url(tmp_path: Path) -> str:
+    """The URL of a new empty schema of the local PostgreSQL (see postgres_schema)."""
+    return postgres_schema(tmp_path)
+
+
 @pytest.fixture(params=sorted(STORES))
 async def make_store(request: pytest.FixtureRequest,
                      tmp_path: Path) -> AsyncIterator[StoreFactory]:
@@ -128,18 +135,40 @@ def store(make_store: StoreFactory, clock: FakeClock) -> Store:
 
 @pytest.fixture(params=sorted(TRANSPORTS))
 async def make_transport(request: pytest.FixtureRequest) -> AsyncIterator[TransportFactory]:
-    """Open transports: ``make_transport(max_message_bytes=...)``; all closed afterwards."""
+    """Open transports: ``make_transport(max_message_bytes=..., **url_options)``; all
+    closed afterwards. A broker's dead letters go to a place private to the test,
+    emptied at its end."""
     url = TRANSPORTS[request.param]()
+    private: dict[str, str] = {}
+    if request.param != "memory":
+        private["dead_letters"] = f"contract.{uuid.uuid4().hex[:12]}.dead-letters"
     opened: list[Transport] = []
 
-    def make(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Transport:
-        transport = open_transport(url, max_message_bytes=max_message_bytes)
+    def make(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, **options: str) -> Transport:
+        query = urlencode({**private, **options})
+        joined = url + ("&" if "?" in url else "?") + query if query else url
+        transport = open_transport(joined, max_message_bytes=max_message_bytes)
         opened.append(transport)
         return transport
 
     yield make
+    if private and opened:
+        await forget_dead_letters(request.param, opened[0], private["dead_letters"])
     for transport in opened:
         await transport.close()
+
+
+async def forget_dead_letters(kind: str, transport: Transport, name: str) -> None:
+    """Delete a test's dead-letter queue (RabbitMQ) or stream (Redis) outright."""
+    await transport.purge_dead_letters()
+    if kind == "rabbitmq":
+        import aio_pika
+
+        connection = await aio_pika.connect(RABBITMQ)
+        async with connection:
+            channel = await connection.channel()
+            await channel.queue_delete(name)
+            await channel.exchange_delete(name)
 
 
 @pytest.fixture

@@ -277,25 +277,36 @@ async def test_a_killed_consumers_unacked_bundle_goes_whole_to_another_consumer(
         assert set(got) | handled == set(sent)
 
 
-async def test_a_malformed_bundle_is_dropped_and_consuming_goes_on(
+async def test_a_malformed_bundle_is_dead_lettered_at_once_and_consuming_goes_on(
         transports: Callable[..., Transport], own_queue: str,
         broker: AbstractRobustConnection) -> None:
-    """A message marked as a bundle that does not decode is logged and acked (handing it
-    out again would not help); the messages after it are handled."""
-    transport = transports()
+    """A message marked as a bundle that does not decode goes to the dead-letter exchange
+    on its first delivery (handing it out again would not help); the messages after it
+    are handled."""
+    dead_letters = f"amqp-test.{uuid.uuid4().hex[:12]}.dead-letters"
+    transport = transports(f"{URL}&dead_letters={dead_letters}")
     await transport.publish(own_queue, b"declares the queue")
     channel = await broker.channel()
     await channel.default_exchange.publish(
         aio_pika.Message(b"\xc1 not msgpack", content_type=BUNDLE_TYPE,
                          delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
         routing_key=own_queue)
-    await channel.close()
     await transport.publish(own_queue, b"after")
-    async with consuming(transport, own_queue, prefetch=4) as got:
-        await until(lambda: b"after" in got)
-        await asyncio.sleep(0.1)
-        assert got == [b"declares the queue", b"after"]
-    assert await message_count(broker, own_queue) == 0
+    try:
+        async with consuming(transport, own_queue, prefetch=4) as got:
+            await until(lambda: b"after" in got)
+            async with asyncio.timeout(10):
+                while not (letters := await transport.dead_letters()):
+                    await asyncio.sleep(0.02)
+            assert got == [b"declares the queue", b"after"]
+        assert [(d.queue, d.deliveries, d.body) for d in letters] == [
+            (own_queue, 1, b"\xc1 not msgpack")]
+        assert letters[0].reason.startswith("MalformedMessage: not a bundle")
+        assert await message_count(broker, own_queue) == 0
+    finally:
+        await channel.queue_delete(dead_letters)
+        await channel.exchange_delete(dead_letters)
+        await channel.close()
 
 
 async def test_publish_returns_only_once_the_broker_confirmed(
@@ -396,3 +407,111 @@ def test_without_aio_pika_the_error_names_the_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.delitem(sys.modules, "sasflow.transport.amqp", raising=False)
     with pytest.raises(MissingExtraError, match=r"pip install 'sasflow\[rabbitmq\]'"):
         open_transport("amqp://guest:guest@127.0.0.1:5672/")
+
+
+@pytest.fixture
+async def dead_letters(broker: AbstractRobustConnection) -> AsyncIterator[str]:
+    """A dead-letter exchange and queue name private to this test, deleted at its end."""
+    name = f"amqp-test.{uuid.uuid4().hex[:12]}.dead-letters"
+    yield name
+    channel = await broker.channel()
+    await channel.queue_delete(name)
+    await channel.exchange_delete(name)
+    await channel.close()
+
+
+async def test_the_broker_holds_a_failing_message_once_then_only_its_dead_letter(
+        transports: Callable[..., Transport], queue: str, dead_letters: str,
+        broker: AbstractRobustConnection) -> None:
+    """Counted by the broker: while a failing message is retried its queue holds it once
+    (republished, then the original acked; never a copy more), and once the bound is
+    reached the queue is empty and the dead-letter queue holds one message carrying
+    its queue, reason and count."""
+    transport = transports(f"{URL}&max_deliveries=3&redelivery_backoff=0.05"
+                           f"&dead_letters={dead_letters}")
+    calls = 0
+
+    async def failing(body: bytes) -> None:
+        nonlocal calls
+        calls += 1
+        raise ValueError("no such order")
+
+    await transport.publish(queue, b"order-17")
+    consumer = asyncio.create_task(transport.consume(queue, failing, prefetch=1))
+    try:
+        async with asyncio.timeout(10):
+            while not (letters := await transport.dead_letters()):
+                assert await message_count(broker, queue) <= 1
+                await asyncio.sleep(0.01)
+    finally:
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+    assert calls == 3
+    assert [(d.queue, d.deliveries, d.reason, d.body) for d in letters] == [
+        (queue, 3, "ValueError: no such order", b"order-17")]
+    assert await message_count(broker, queue) == 0
+    assert await message_count(broker, dead_letters) == 1  # a look left it in place
+
+
+async def test_a_message_the_broker_redelivered_counts_one_delivery_more(
+        transports: Callable[..., Transport], queue: str, dead_letters: str,
+        broker: AbstractRobustConnection) -> None:
+    """A consumer that died holding a message (its channel closed unacked) leaves it
+    flagged redelivered: with a bound of 2, the first failure here is its second
+    delivery, and it is a dead letter at once."""
+    transport = transports(f"{URL}&max_deliveries=2&dead_letters={dead_letters}")
+    await transport.publish(queue, b"held by the dead")
+    channel = await broker.channel()
+    held = await (await channel.get_queue(queue)).get(no_ack=False)
+    assert held is not None and not held.redelivered
+    await channel.close()  # dies holding it: the broker puts it back, flagged
+    calls = 0
+
+    async def failing(body: bytes) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("still broken")
+
+    consumer = asyncio.create_task(transport.consume(queue, failing, prefetch=1))
+    try:
+        async with asyncio.timeout(10):
+            while not (letters := await transport.dead_letters()):
+                await asyncio.sleep(0.01)
+    finally:
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+    assert calls == 1
+    assert [(d.deliveries, d.body) for d in letters] == [(2, b"held by the dead")]
+
+
+async def test_dead_letters_survive_the_transport_and_are_read_by_another(
+        transports: Callable[..., Transport], queue: str, dead_letters: str) -> None:
+    """The dead-letter queue is durable and the count travels in the message: a second
+    transport (another process, an operator's `sasflow dead-letters`) reads the letter
+    the first one wrote, in order, and can purge it."""
+    url = f"{URL}&max_deliveries=1&dead_letters={dead_letters}"
+    first = transports(url)
+
+    async def failing(body: bytes) -> None:
+        raise RuntimeError(f"cannot handle {body.decode()}")
+
+    for n in range(3):
+        await first.publish(queue, f"m{n}".encode())
+    consumer = asyncio.create_task(first.consume(queue, failing, prefetch=1))
+    try:
+        async with asyncio.timeout(10):
+            while len(await first.dead_letters()) < 3:
+                await asyncio.sleep(0.01)
+    finally:
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+    await first.close()
+    second = transports(url)
+    letters = await second.dead_letters(limit=2)
+    assert [d.body for d in letters] == [b"m0", b"m1"]
+    assert letters[1].reason == "RuntimeError: cannot handle m1"
+    assert await second.dead_letter(letters[1].id) == letters[1]
+    assert await second.purge_dead_letters() == 3

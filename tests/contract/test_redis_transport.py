@@ -11,18 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
+import os
+import subprocess
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
+from sasflow import App, TaskState
 from sasflow.errors import MissingExtraError, TransportError
 from sasflow.transport import open_transport
 from sasflow.transport.redis import GROUP, MAX_CONNECTIONS, RedisTransport
+from scenario.servers import PrivateRedis
 
 SERVER = "redis://127.0.0.1:6379/15"
+SHOP_FILE = Path(__file__).parent.parent / "acceptance" / "apps" / "shopapp.py"
+SHOP = f"{SHOP_FILE}:app"
+OUTAGE = 3.0  # seconds Redis stays down in the restart test, once its loss was noticed
 VISIBILITY = 0.3  # seconds: short, so a dead consumer's message comes back quickly
 
 Make = Callable[..., RedisTransport]
@@ -313,3 +323,106 @@ def test_a_redis_url_without_redis_py_names_the_extra(
     monkeypatch.delitem(sys.modules, "sasflow.transport.redis")
     with pytest.raises(MissingExtraError, match=r"pip install 'sasflow\[redis\]'"):
         open_transport("redis://127.0.0.1:6379/15")
+
+
+async def test_takeovers_of_a_dead_consumers_entry_count_towards_the_bound(
+        make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:
+    """Redis counts each delivery of an entry (XPENDING's times-delivered grows with every
+    takeover of a dead consumer's entry): an entry already delivered four times to
+    consumers that died is, on its fifth delivery whose handler fails, a dead letter
+    with deliveries = 5, its handler called once here (R3: bounded under crashes too)."""
+    transport = make()
+    queue = f"poison-{uuid.uuid4().hex[:8]}"
+    key = transport._key(queue)
+    await admin.xgroup_create(key, GROUP, id="0", mkstream=True)
+    entry = await admin.xadd(key, {"body": b"crashes every consumer"})
+    # a consumer that read it and died, then three more that took it over and died
+    await admin.xreadgroup(GROUP, "ghost", {key: ">"}, count=1)
+    await admin.xclaim(key, GROUP, "ghost-2", 0, [entry], retrycount=4)
+    calls = 0
+
+    async def crashing(body: bytes) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("boom")
+
+    consumers.start(transport, queue, crashing)
+    async with asyncio.timeout(10):
+        while not (letters := await transport.dead_letters()):
+            await asyncio.sleep(0.02)
+    assert [(d.queue, d.deliveries, d.body) for d in letters] == [
+        (queue, 5, b"crashes every consumer")]
+    assert calls == 1
+    assert await admin.xlen(key) == 0  # taken off its stream, in the same script
+
+
+@pytest.fixture
+def private_redis(redis_server: str, tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of this test's own (on another port, keeping an fsynced
+    append-only file), which it may stop and start again."""
+    server = PrivateRedis(tmp_path / "redis").start()
+    yield server
+    server.close()
+
+
+def wait_for(predicate: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
+    """Poll `predicate` until it holds (a hang guard, not a claim about speed)."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_a_redis_restart_under_a_running_worker_logs_a_few_lines_and_work_flows_after(
+        private_redis: PrivateRedis, tmp_path: Path) -> None:
+    """Issue 8, item 1.8: Redis stopped for seconds under a worker that publishes and
+    consumes, then started again. Before, the log grew by ~1,500 tracebacks (a task
+    driver's per failed publish) and tasks in flight failed. Now each consumer logs one
+    line when the connection is lost and one when it is back, no traceback; every task,
+    those submitted during the outage too, is processed."""
+    store = f"sqlite:///{tmp_path / 'shop.db'}"
+    log = tmp_path / "worker.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SASFLOW_")}
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "sasflow.cli", "worker", SHOP, "--store", store,
+             "--transport", private_redis.url, "--instance-id", "restarted"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+    shop = load_shop(store)
+    try:
+        wait_for(lambda: "starting" in log.read_text(), "the worker to start")
+        submitted = [shop.submit("order", {}) for _ in range(20)]
+        wait_for(lambda: all(shop.get(t).state is TaskState.PROCESSED for t in submitted),
+                 "the first orders")
+        lines_before = len(log.read_text().splitlines())
+        private_redis.kill()
+        # the outage is seen by both consumers (the positive signal), while orders come in
+        wait_for(lambda: log.read_text().count("connection lost") >= 2, "the outage noticed")
+        during = [shop.submit("order", {}) for _ in range(20)]
+        time.sleep(OUTAGE)  # the fault itself: down as long as a restart takes
+        private_redis.start()
+        after = [shop.submit("order", {}) for _ in range(20)]
+        wait_for(lambda: all(shop.get(t).state is TaskState.PROCESSED
+                             for t in [*during, *after]), "every order after the restart")
+        text = log.read_text()
+        assert text.count("Traceback") == 0, text[-3000:]
+        outage_lines = text.splitlines()[lines_before:]
+        # per consumer (replies, three agents' requests): lost, back; nothing per call
+        assert len(outage_lines) <= 2 * 4, outage_lines
+        assert sum("reconnected" in line for line in outage_lines) >= 2
+    finally:
+        shop.close()
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
+def load_shop(store: str) -> App:
+    """The shop's App, declared by the same file the worker runs, on this test's store."""
+    spec = importlib.util.spec_from_file_location("restart_shopapp", SHOP_FILE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shop: App = module.app
+    shop.configure(store=store)
+    return shop

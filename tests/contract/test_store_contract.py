@@ -17,8 +17,9 @@ from sasflow.messages import decode_status
 from sasflow.model import Phase, StepState, Task, TaskState, idempotency_key
 from sasflow.plan import Plan
 from sasflow.store import Store
-from sasflow.store.base import Instance, NewTask
+from sasflow.store.base import Alert, Instance, NewTask
 from sasflow.transition import LeaseFence, Transition
+from sasflow.transport import DeadLetter
 from sasflow.workflow import Step, Workflow
 
 T, S = TaskState, StepState
@@ -649,3 +650,145 @@ async def test_an_operator_retry_resets_the_steps_failure_count(store: Store,
     stored = await store.get("o-1")
     assert stored is not None
     assert (stored.state, stored.steps[0].failure_count) == (TaskState.PENDING, 0)
+
+
+# ---------------------------------------------------------------- versions (R4, M4)
+
+# The next release of "order": its last step dropped (the list shrank under tasks in flight)
+ORDER_V2 = Workflow.declare("order", [Step("reserve", "inventory", 5.0),
+                                      Step("charge", "payments", 10.0)],
+                            agents=AGENTS, max_failures=2, retry_backoff=0.5)
+# ... and one that grows it: the same first two steps, then two others
+ORDER_V3 = Workflow.declare("order", [Step("reserve", "inventory", 5.0),
+                                      Step("charge", "payments", 10.0),
+                                      Step("pack", "shipping", 3.0),
+                                      Step("post", "shipping", 4.0)],
+                            agents=AGENTS, max_failures=2, retry_backoff=0.5)
+
+
+async def test_a_task_carries_the_version_it_was_submitted_under(store: Store) -> None:
+    """The version is stored with the task and derived from its steps, names and agents."""
+    await submitted(store, "order-1")
+    await submitted(store, "slow-1", workflow="slow")
+    assert (await fresh(store, "order-1")).version == ORDER.version
+    assert [t.version for t in await store.list_tasks()] == [ORDER.version, SLOW.version]
+    assert ORDER.version != ORDER_V2.version
+
+
+async def test_a_scheduler_claims_only_the_versions_it_declares(store: Store,
+                                                                clock: Clock) -> None:
+    """R4: a task of another version of the same workflow is never claimed, whatever
+    the limit; it stays pending and unlocked for a scheduler of its own version."""
+    await submitted(store, "old-1", "old-2")
+    clock.advance(1)
+    assert await store.submit(NewTask(
+        task_id="new-1", workflow="order", input_json=b"{}",
+        steps=[(s.name, s.agent, idempotency_key("new-1", s.name)) for s in ORDER_V2.steps]))
+    newer = {"order": Plan(ORDER_V2, COMPENSABLE)}
+    claimed = await store.claim("s-new", 10, newer)
+    assert [(t.task_id, t.version) for t in claimed] == [("new-1", ORDER_V2.version)]
+    assert await store.claim("s-new", 10, newer) == []
+    old = await fresh(store, "old-1")
+    assert (old.state, old.locked_by, old.epoch) == (T.PENDING, None, 0)
+    assert sorted(t.task_id for t in await store.claim("s-old", 10, PLANS)) == [
+        "old-1", "old-2"]
+
+
+async def test_the_sweep_reads_only_the_workflows_it_is_given(store: Store,
+                                                              clock: Clock) -> None:
+    """R4: expired tasks of workflows a supervisor does not know never fill its batch,
+    however many there are, and do not set its alarm clock."""
+    await submitted(store, *[f"slow-{n:04}" for n in range(1100)], workflow="slow")
+    await store.claim("gone", 2000, {"slow": PLANS["slow"]})
+    clock.advance(60)  # every slow task has expired
+    await submitted(store, "order-1", "order-2")
+    await store.claim("gone", 10, {"order": PLANS["order"]})
+    assert await store.next_expiry(["order"]) == clock.now + 5.0
+    clock.advance(6)
+    assert len(await store.expired(10)) == 10  # unfiltered: the unknown ones come first
+    known = await store.expired(10, ["order", "renamed-away"])
+    assert sorted(t.task_id for t in known) == ["order-1", "order-2"]
+    assert [t.task_id for t in await store.expired(1, ["order"])] == ["order-1"]
+    assert len(await store.expired(2000, ["slow", "order"])) == 1102
+    assert await store.expired(10, []) == []
+    assert await store.next_expiry([]) is None
+    assert await store.next_expiry(["slow"]) == clock.now - 6 - 60 + 50.0
+
+
+async def test_a_migration_is_stored_as_planned(store: Store, clock: Clock) -> None:
+    """A task re-planned onto a longer shape keeps its completed steps and takes the new
+    ones; onto a shorter shape its unstarted tail is dropped; either way it is then
+    claimed only by schedulers of its new version."""
+    plan = PLANS["order"]
+    await submitted(store, "grow", "shrink")
+    for _ in range(2):  # each one's first step completes; then they wait, pending, at charge
+        task = await claim_one(store, "s1")
+        assert await store.apply(plan.reply(task, "s1", True, {"sku": 1}, None, clock.now))
+        clock.advance(1)  # released after the other was submitted: claimed after it
+        assert await store.apply(plan.release(task, "s1", clock.now))
+    grow = await fresh(store, "grow")
+    assert await store.apply(Plan(ORDER_V3, COMPENSABLE).migrate(grow, clock.now))
+    stored = await fresh(store, "grow")
+    assert_stored_as_planned(stored, grow)
+    assert stored.version == ORDER_V3.version
+    assert [(s.name, s.state, s.idempotency_key) for s in stored.steps] == [
+        ("reserve", S.COMPLETED, idempotency_key("grow", "reserve")),
+        ("charge", S.PENDING, idempotency_key("grow", "charge")),
+        ("pack", S.PENDING, idempotency_key("grow", "pack")),
+        ("post", S.PENDING, idempotency_key("grow", "post"))]
+    shrink = await fresh(store, "shrink")
+    assert await store.apply(Plan(ORDER_V2, COMPENSABLE).migrate(shrink, clock.now))
+    stored = await fresh(store, "shrink")
+    assert_stored_as_planned(stored, shrink)
+    assert [s.name for s in stored.steps] == ["reserve", "charge"]
+    assert await store.claim("s1", 10, PLANS) == []  # the old release no longer takes them
+    [claimed] = await store.claim("s3", 10, {"order": Plan(ORDER_V3, COMPENSABLE)})
+    assert (claimed.task_id, claimed.steps[1].state, claimed.steps[1].attempts) == (
+        "grow", S.RUNNING, 2)  # charge had started once before its release
+    assert claimed.steps[0].result == {"sku": 1}  # the completed step is not run again
+
+
+async def test_an_incident_is_one_alert_until_resolved(store: Store, clock: Clock) -> None:
+    """R4: the census counts unfinished tasks by workflow version and by the agent of
+    their unit; an incident is one alert without a task, open until resolved, listed
+    with the task alerts."""
+    await submitted(store, "a", "b")
+    await submitted(store, "c", workflow="slow")
+    await store.claim("s1", 1, {"slow": PLANS["slow"]})
+    census = await store.census()
+    assert census.versions == {("order", ORDER.version): 2, ("slow", SLOW.version): 1}
+    assert census.agents == {("order", ORDER.version, "inventory"): 2,
+                             ("slow", SLOW.version, "inventory"): 1}
+    incident = Alert(id=0, task_id=None, at=0.0, message="2 tasks of order", agent=None,
+                     incident=f"workflow:order@{ORDER.version}", count=2)
+    await store.report_incidents([incident], [])
+    [open_one] = await store.incidents()
+    assert (open_one.task_id, open_one.incident, open_one.count, open_one.at,
+            open_one.resolved_at) == (None, incident.incident, 2, clock.now, None)
+    clock.advance(1)
+    again = Alert(id=0, task_id=None, at=0.0, message="4 tasks of order",
+                  incident=incident.incident, count=4)
+    await store.report_incidents([again], [])  # supersedes the first
+    [current] = await store.incidents()
+    assert (current.count, current.id > open_one.id) == (4, True)
+    clock.advance(1)
+    await store.report_incidents([], [incident.incident])
+    assert await store.incidents() == []
+    listed = await store.alerts()
+    assert [(a.count, a.resolved_at) for a in listed] == [(2, clock.now - 1), (4, clock.now)]
+async def test_dead_letters_are_kept_read_back_whole_and_purged(store: Store) -> None:
+    """The in-process transport's dead letters (R3): kept with every field and the body
+    byte for byte, oldest first, the same letter written twice kept once (a retried
+    commit), an unknown id None, and all forgotten by a purge that counts them."""
+    older = DeadLetter(id="01a", queue="sasflow.reply.w1", reason="MalformedMessage: not a reply",
+                       deliveries=1, first_seen=1e9, at=1e9, body=b"\x00\xffnot json")
+    newer = DeadLetter(id="01b", queue="sasflow.agent.pay", reason="RuntimeError: boom",
+                       deliveries=5, first_seen=1e9 + 1, at=1e9 + 9, body=b"x" * 70_000)
+    for letter in (newer, older, newer):
+        await store.add_dead_letter(letter)
+    assert await store.dead_letters() == [older, newer]
+    assert await store.dead_letters(limit=1) == [older]
+    assert await store.dead_letter("01b") == newer
+    assert await store.dead_letter("01c") is None
+    assert await store.purge_dead_letters() == 2
+    assert await store.dead_letters() == []

@@ -1,20 +1,24 @@
 """The transport contract (SPEC S4, E5, E11): run against every transport.
 
 Delivery is at least once: a handler that raises, or is cancelled, has its
-message delivered again. Queue names are private to each test.
+message delivered again. A message no handler can take goes, after a bounded
+number of deliveries, to the dead letters (R3). Queue names are private to each
+test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import pytest
 
 from sasflow.errors import TransportError
-from sasflow.transport import Transport, agent_queue
+from sasflow.transport import DeadLetter, MalformedMessage, Transport, agent_queue, reply_queue
 
 Handler = Callable[[bytes], Awaitable[None]]
 QueueName = Callable[[str], str]
@@ -276,3 +280,153 @@ async def test_a_raising_handler_gets_its_message_again_among_many(
     await quiet()
     assert calls.pop(b"m7") == 3
     assert set(calls.values()) == {1}
+
+
+# ---------------------------------------------------------------- dead letters (R3, U7)
+MAX_DELIVERIES = 3
+BACKOFF = 0.05  # seconds before the second delivery, doubling after each
+
+
+@pytest.fixture
+async def bounded(make_transport: TransportFactory) -> AsyncIterator[Transport]:
+    """A transport that gives up on a message after MAX_DELIVERIES failed deliveries."""
+    yield make_transport(max_deliveries=str(MAX_DELIVERIES), redelivery_backoff=str(BACKOFF))
+
+
+@pytest.fixture
+async def bounded_consumers(bounded: Transport) -> AsyncIterator[Consumers]:
+    started = Consumers(bounded)
+    yield started
+    for task in started.tasks:
+        await started.stop(task)
+
+
+async def dead_letter_of(transport: Transport, queue: str) -> DeadLetter:
+    """Wait for the dead letter taken from `queue` (a positive signal; 10 s hang guard)."""
+    async with asyncio.timeout(10.0):
+        while True:
+            letters = [d for d in await transport.dead_letters() if d.queue == queue]
+            if letters:
+                assert len(letters) == 1, letters
+                return letters[0]
+            await asyncio.sleep(0.02)
+
+
+def loud_lines(caplog: pytest.LogCaptureFixture, queue: str) -> list[logging.LogRecord]:
+    """What was logged about `queue` at WARNING or above."""
+    return [r for r in caplog.records
+            if r.levelno >= logging.WARNING and queue in r.getMessage()]
+
+
+@pytest.mark.parametrize("kind", ["requests", "replies"])
+async def test_a_malformed_message_is_dead_lettered_at_once_and_consuming_goes_on(
+        bounded: Transport, bounded_consumers: Consumers, queue_name: QueueName, kind: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A body the handler cannot decode is delivered once, kept as a dead letter with its
+    reason, logged in one line without a traceback; the messages after it are handled."""
+    caplog.set_level(logging.DEBUG)
+    queue = (agent_queue if kind == "requests" else reply_queue)(
+        queue_name("poison").replace(".", "-"))
+    calls: dict[bytes, int] = {}
+    good = Collector()
+
+    async def decoding(body: bytes) -> None:
+        calls[body] = calls.get(body, 0) + 1
+        if body.startswith(b"\xff"):
+            raise MalformedMessage(f"not a request: {body!r} does not decode")
+        await good(body)
+
+    bounded_consumers.start(queue, decoding, prefetch=8)
+    for body in (b"before", b"\xff{not json", b"after"):
+        await bounded.publish(queue, body)
+    letter = await dead_letter_of(bounded, queue)
+    await good.until(2)
+    assert calls[b"\xff{not json"] == 1
+    assert (letter.deliveries, letter.body) == (1, b"\xff{not json")
+    assert letter.reason.startswith("MalformedMessage: not a request")
+    assert letter.first_seen <= letter.at
+    await bounded.publish(queue, b"later")
+    await good.until(3)
+    assert sorted(good.bodies) == [b"after", b"before", b"later"]
+    lines = loud_lines(caplog, queue)
+    assert len(lines) == 1 and lines[0].exc_info is None
+    assert letter.id in lines[0].getMessage()
+
+
+@pytest.mark.parametrize("kind", ["requests", "replies"])
+async def test_a_handler_that_keeps_raising_is_retried_up_to_the_bound_then_dead_lettered(
+        bounded: Transport, bounded_consumers: Consumers, queue_name: QueueName, kind: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A well-formed message whose handler raises every time is delivered MAX_DELIVERIES
+    times, each after a longer backoff (never hot), then dead-lettered with the error's
+    text; good messages keep flowing, and the log holds one line for it."""
+    caplog.set_level(logging.DEBUG)
+    queue = (agent_queue if kind == "requests" else reply_queue)(
+        queue_name("failing").replace(".", "-"))
+    seen: list[float] = []
+    good = Collector()
+    loop = asyncio.get_running_loop()
+
+    async def handler(body: bytes) -> None:
+        if body == b"bad":
+            seen.append(loop.time())
+            raise RuntimeError("the remote said no")
+        await good(body)
+
+    bounded_consumers.start(queue, handler, prefetch=4)
+    await bounded.publish(queue, b"bad")
+    for n in range(5):
+        await bounded.publish(queue, f"good{n}".encode())
+    letter = await dead_letter_of(bounded, queue)
+    assert len(seen) == MAX_DELIVERIES == letter.deliveries
+    assert letter.reason == "RuntimeError: the remote said no"
+    assert letter.body == b"bad"
+    gaps = [b - a for a, b in itertools.pairwise(seen)]
+    assert all(gap >= BACKOFF * 2 ** n * 0.9 for n, gap in enumerate(gaps)), gaps
+    await bounded.publish(queue, b"later")
+    await good.until(6)
+    assert len(seen) == MAX_DELIVERIES  # handled "later": the bad one did not come back
+    lines = loud_lines(caplog, queue)
+    assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
+
+
+async def test_a_handler_that_recovers_before_the_bound_leaves_no_dead_letter(
+        bounded: Transport, bounded_consumers: Consumers, queue_name: QueueName) -> None:
+    """Failing fewer times than the bound, a message is handled and nothing is kept."""
+    queue = queue_name("flaky")
+    attempts = 0
+    done = Collector()
+
+    async def flaky(body: bytes) -> None:
+        nonlocal attempts
+        attempts += 1
+        if attempts < MAX_DELIVERIES:
+            raise RuntimeError("not yet")
+        await done(body)
+
+    bounded_consumers.start(queue, flaky)
+    await bounded.publish(queue, b"payload")
+    assert await done.until(1) == [b"payload"]
+    assert attempts == MAX_DELIVERIES
+    assert [d for d in await bounded.dead_letters() if d.queue == queue] == []
+
+
+async def test_dead_letters_are_listed_shown_whole_and_purged(
+        bounded: Transport, bounded_consumers: Consumers, queue_name: QueueName) -> None:
+    """An operator sees each dead letter by its id, body whole, and can clear them all;
+    an unknown id is None; a listing leaves the letters in place."""
+    queue = queue_name("operator")
+
+    async def refuse(body: bytes) -> None:
+        raise MalformedMessage("unreadable")
+
+    bounded_consumers.start(queue, refuse)
+    big = b"x" * 5000
+    await bounded.publish(queue, big)
+    letter = await dead_letter_of(bounded, queue)
+    assert await bounded.dead_letter(letter.id) == letter
+    assert (await bounded.dead_letters(limit=10)) == [letter]  # still there after a look
+    assert await bounded.dead_letter(letter.id + "0") is None
+    assert await bounded.dead_letter("no such id") is None
+    assert await bounded.purge_dead_letters() == 1
+    assert await bounded.dead_letters() == []

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC
 from typing import Any
 
+import msgspec
 import pytest
 
 from sasflow.agent import AgentFunction, AgentRequest, AgentRuntime
-from sasflow.errors import ConfigurationError, PermanentError
+from sasflow.errors import ConfigurationError, PermanentError, TransportError
 from sasflow.messages import Reply, Request, decode_reply, encode
 from sasflow.model import Phase, idempotency_key
 from sasflow.resilience import RetryPolicy
@@ -314,3 +317,96 @@ async def test_run_serves_the_agent_queue(transport: MemoryTransport, inbox: Inb
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await serving
+
+
+async def test_a_result_over_the_message_limit_is_a_permanent_error_naming_both_sizes(
+        inbox: Inbox) -> None:
+    """The size is checked where the reply is made: one call, then an error reply that
+    names the reply's size and the transport's limit (R3)."""
+    small = MemoryTransport(max_message_bytes=4096)
+    replies = asyncio.create_task(small.consume(REPLIES, inbox.handler, prefetch=8))
+    calls: list[int] = []
+
+    def charge(req: AgentRequest) -> str:
+        calls.append(req.attempt)
+        return "z" * 5000
+
+    try:
+        await handle(small, agent(charge), request())
+        reply = await inbox.one()
+    finally:
+        replies.cancel()
+        await asyncio.gather(replies, return_exceptions=True)
+    assert (reply.ok, reply.permanent, reply.result) == (False, True, None)
+    assert reply.error is not None
+    assert re.fullmatch(r"result of 5\d\d\d bytes is over the message limit of 4096 bytes",
+                        reply.error)
+    assert calls == [1]
+
+
+async def test_a_huge_error_text_is_cut_so_the_error_reply_still_goes(
+        transport: MemoryTransport, inbox: Inbox) -> None:
+    """A PermanentError carrying megabytes (an HTTP error body) still gets its reply
+    through, with the text cut and the cut said."""
+    def charge(req: AgentRequest) -> None:
+        raise PermanentError("e" * (3 * 1024 * 1024))
+
+    await handle(transport, agent(charge), request())
+    reply = await inbox.one()
+    assert (reply.ok, reply.permanent) == (False, True)
+    assert reply.error is not None
+    assert reply.error.endswith(f"... ({3 * 1024 * 1024 - 2000} more characters)")
+    assert len(reply.error) < 2100
+
+
+class RefusedReplies(MemoryTransport):
+    """In-process queues whose reply queue the broker refuses, as a full or
+    unreachable broker would: every publish to it fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def publish(self, queue: str, body: bytes) -> None:
+        if queue == REPLIES:
+            self.refused += 1
+            raise TransportError(f"cannot publish to {queue}: broker unreachable")
+        await super().publish(queue, body)
+
+
+async def test_a_reply_that_cannot_be_sent_does_not_run_the_request_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A publish failure is retried until the complete-by, logged once, and the request
+    is settled: the agent function ran once for its one delivery (R3)."""
+    transport = RefusedReplies()
+    calls: dict[str, int] = {}
+    served = asyncio.Event()
+
+    def charge(req: AgentRequest) -> str:
+        calls[req.task_id] = calls.get(req.task_id, 0) + 1
+        if req.task_id == "sentinel":
+            served.set()
+        return "charged"
+
+    declared = AgentFunction(name="payments", handler=charge, concurrency=1)
+    runtime = AgentRuntime(transport, [declared])
+    serving = asyncio.create_task(runtime.run())
+    try:
+        with caplog.at_level(logging.ERROR, logger="sasflow.agent"):
+            await transport.publish(agent_queue("payments"), encode(request(within=2.0)))
+            async with asyncio.timeout(10):
+                while not any("reply not sent" in r.message for r in caplog.records):
+                    await asyncio.sleep(0.01)
+            # one at a time, in order: had the first request been put back, it
+            # would be served again before this one
+            sentinel = msgspec.structs.replace(request(), task_id="sentinel")
+            await transport.publish(agent_queue("payments"), encode(sentinel))
+            async with asyncio.timeout(10):
+                await served.wait()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    assert calls == {"order-42": 1, "sentinel": 1}
+    assert transport.refused >= 2  # retried, not given up at the first refusal
+    [logged] = [r for r in caplog.records if "order-42" in r.message]
+    assert "reply not sent, the step will be recovered after its complete-by" in logged.message

@@ -552,3 +552,94 @@ def test_nothing_to_undo_is_a_move_the_lifecycle_allows(
     t = happen(plan, new_task(plan))
     assert t.from_state is t.state or can_move(t.from_state, t.state), (
         f"{t.from_state.value} -> {t.state.value}: {t.why}")
+
+
+# ---------------------------------------------------------------- versions (R4, M4)
+
+
+def test_a_step_list_shrunk_under_a_task_in_flight_is_refused_not_indexed() -> None:
+    """The issue's case: a task whose first step completed meets a release whose list
+    lost its later steps. Claim, reply, release, retry and compensate refuse with an
+    error naming both versions: no IndexError, and the completed step is not run again."""
+    old = make_plan()
+    task = new_task(old)
+    run_until(old, task, 1)
+    old.release(task, "s1", NOW)
+    shrunk = make_plan(steps=STEPS[:1])
+    before = task.to_json()
+    with pytest.raises(InvalidTransitionError) as caught:
+        shrunk.claim(task, "s2", NOW)
+    message = str(caught.value)
+    assert old.workflow.version in message and shrunk.workflow.version in message
+    assert "migrate" in message and caught.value.task_id == "order-42"
+    running = new_task(old, "order-43")
+    run_until(old, running, 1)
+    for action in (lambda t: shrunk.reply(t, "s1", True, {}, None, NOW),
+                   lambda t: shrunk.release(t, "s1", NOW),
+                   lambda t: shrunk.compensate(t, NOW)):
+        with pytest.raises(InvalidTransitionError, match=shrunk.workflow.version):
+            action(running)
+    assert task.to_json() == before  # nothing of the snapshot moved
+
+
+def test_expiry_and_cancel_of_another_version_read_only_the_tasks_own_steps() -> None:
+    """A supervisor of any release may count an expiry: it releases the task at its own
+    step for schedulers of its own version; an operator may cancel it."""
+    old = make_plan()
+    task = new_task(old)
+    run_until(old, task, 2)
+    shrunk = make_plan(steps=STEPS[:1])
+    released = shrunk.expire(task, "sup", NOW + 10)
+    assert (released.state, released.cursor, released.units[0].name) == (T.PENDING, 2, "pack")
+    assert shrunk.cancel(task, NOW + 11).state is T.CANCELLED
+
+
+def test_migrate_keeps_the_steps_that_ran_and_takes_the_new_ones() -> None:
+    """A pending task whose started steps are a prefix of the new declaration moves
+    onto it: completed results kept, the steps after the prefix replaced."""
+    old = make_plan()
+    task = new_task(old)
+    run_until(old, task, 1)
+    old.release(task, "s1", NOW)
+    steps = [*STEPS[:2], Step("label", "warehouse", 1.0)]
+    new = make_plan(steps=steps)
+    transition = new.migrate(task, NOW)
+    assert (transition.version, transition.steps_from, transition.state) == (
+        new.workflow.version, 3, T.PENDING)
+    assert [(u.index, u.name) for u in transition.units] == [(2, "label")]
+    assert [(s.name, s.state) for s in task.steps] == [
+        ("reserve", S.COMPLETED), ("charge", S.PENDING), ("label", S.PENDING)]
+    assert task.steps[0].result == {"done": "reserve"}
+    claimed = new.claim(task, "s2", NOW)
+    assert claimed.units[-1].name == "charge"
+
+
+@pytest.mark.parametrize(("steps", "why"), [
+    (STEPS[:1], "has run"),
+    ([Step("reserve", "inventory"), Step("bill", "payments")], "has run"),
+    ([Step("reserve", "stock"), *STEPS[1:]], "has run"),
+])
+def test_a_migration_that_cannot_be_proved_safe_is_refused(steps: list[Step],
+                                                           why: str) -> None:
+    """Refused with one clear line, the task untouched: a step that ran dropped, renamed
+    or given to another agent."""
+    old = make_plan()
+    task = new_task(old)
+    run_until(old, task, 1)  # charge started, then released: it ran
+    old.release(task, "s1", NOW)
+    before = task.to_json()
+    with pytest.raises(InvalidTransitionError, match=why):
+        make_plan(steps=steps).migrate(task, NOW)
+    assert task.to_json() == before
+
+
+def test_only_unlocked_forward_tasks_of_another_version_migrate() -> None:
+    """A running, finished or same-version task is refused."""
+    old = make_plan()
+    task = new_task(old)
+    new = make_plan(steps=[*STEPS, Step("thank", "shipping")])
+    with pytest.raises(InvalidTransitionError, match="of that version already"):
+        old.migrate(task, NOW)
+    old.claim(task, "s1", NOW)
+    with pytest.raises(InvalidTransitionError, match="processing"):
+        new.migrate(task, NOW)

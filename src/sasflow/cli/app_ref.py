@@ -1,7 +1,14 @@
 """The APP argument: where the command line finds the user's App.
 
 Two spellings (CONTRACT "Command line"): ``module:attribute``, importable from
-the current directory, and ``path/to/file.py:attribute``. A reference that is
+the current directory, and ``path/to/file.py:attribute``.
+
+The app's folder (the current directory, or the file's top package's folder)
+comes first on sys.path while the app is imported, so ``module:attribute``
+means the user's module even where an installed one has the same name; then it
+moves behind the installed packages, so that a ``redis.py`` lying beside the
+app cannot stand in for the broker client sasflow imports later. The app's own
+late imports of its neighbours still find them. A reference that is
 malformed is a usage error, caught while parsing (exit 2); one that is
 well-formed but cannot be loaded is a ConfigurationError (exit 1).
 """
@@ -73,12 +80,11 @@ APP_REF = AppRefType()
 
 def load_app(ref: AppRef) -> App:
     """Import the module the reference names and return its App."""
-    module_name = _module_for_path(ref.target) if ref.is_path else ref.target
-    if not ref.is_path:
-        cwd = os.getcwd()
-        if cwd not in sys.path:  # an installed console script does not have it
-            sys.path.insert(0, cwd)
-    module = _import(module_name, ref)
+    if ref.is_path:
+        folder, module_name = _module_for_path(ref.target)
+    else:
+        folder, module_name = os.getcwd(), ref.target
+    module = _import_first_from(folder, module_name, ref)
     if ref.is_path:
         _check_same_file(module, ref.target)
     found: Any = module
@@ -93,6 +99,18 @@ def load_app(ref: AppRef) -> App:
         raise ConfigurationError(
             f"cannot load {ref}: it is a {type(found).__name__}, not a sasflow App")
     return found
+
+
+def _import_first_from(folder: str, module_name: str, ref: AppRef) -> ModuleType:
+    """Import `module_name` with `folder` first on sys.path, then put `folder` last."""
+    def elsewhere() -> list[str]:  # "" is the current directory (python -m puts it first)
+        return [p for p in sys.path if os.path.abspath(p or os.curdir) != folder]
+
+    sys.path[:] = [folder, *elsewhere()]
+    try:
+        return _import(module_name, ref)
+    finally:
+        sys.path[:] = [*elsewhere(), folder]
 
 
 def _import(module_name: str, ref: AppRef) -> ModuleType:
@@ -111,8 +129,8 @@ def _import(module_name: str, ref: AppRef) -> ModuleType:
                                  f" {type(error).__name__}: {error}") from error
 
 
-def _module_for_path(path: str) -> str:
-    """The dotted module name of a .py file, with its top package's folder on sys.path.
+def _module_for_path(path: str) -> tuple[str, str]:
+    """A .py file's top package's folder and its dotted module name.
 
     Walking up through packages (folders with an ``__init__.py``) keeps the
     file's own relative imports working.
@@ -133,9 +151,7 @@ def _module_for_path(path: str) -> str:
     if not all(p.isidentifier() for p in parts):
         raise ConfigurationError(f"cannot load {path}: {'.'.join(reversed(parts))!r} is not"
                                  " an importable module name")
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    return ".".join(reversed(parts))
+    return folder, ".".join(reversed(parts))
 
 
 def _check_same_file(module: ModuleType, path: str) -> None:

@@ -8,14 +8,20 @@ import signal
 import sys
 from types import FrameType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 
 from sasflow.app import DEFAULT_STORE, default_instance_id
 from sasflow.cli.app_ref import APP_REF, AppRef, load_app
-from sasflow.cli.options import CommaList, option, store_option, transport_option
+from sasflow.cli.options import (
+    CONNECT_WITHIN,
+    CommaList,
+    option,
+    store_option,
+    transport_option,
+)
 from sasflow.errors import ConfigurationError, PayloadError, SasflowError
+from sasflow.redact import RedactingFilter, redact
 from sasflow.worker import ROLES
 
 __all__ = ["demo", "submit", "worker"]
@@ -70,6 +76,8 @@ def worker(app_ref: AppRef, roles: tuple[str, ...], agents: tuple[str, ...] | No
     """Run APP's scheduler, agents and supervisor until SIGINT or SIGTERM."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # client libraries log their URLs too (R5)
+        handler.addFilter(RedactingFilter())
     app = load_app(app_ref)
     if agents is not None:
         unknown = [a for a in agents if a not in app.agents]
@@ -84,8 +92,7 @@ def worker(app_ref: AppRef, roles: tuple[str, ...], agents: tuple[str, ...] | No
     try:
         log.info("worker %s starting: app %s, roles %s, agents %s, store %s, transport %s",
                  name, app_ref, ",".join(roles), ",".join(agents or app.agents),
-                 _redacted(app.store_url or DEFAULT_STORE),
-                 _redacted(app.transport_url) or "memory")
+                 redact(app.store_url or DEFAULT_STORE), redact(app.transport_url or "memory"))
         app.run(roles=roles, agents=agents, concurrency=concurrency,
                 supervisor_interval=supervisor_interval, instance_id=name)
     except KeyboardInterrupt:
@@ -116,7 +123,7 @@ def submit(app_ref: AppRef, workflow: str, input_text: str | None, task_id: str 
     """Submit a task of WORKFLOW; prints its id."""
     payload = _parse_input(input_text)
     app = load_app(app_ref)
-    app.configure(store=store)
+    app.configure(store=store, connect_within=CONNECT_WITHIN)
     try:
         submitted = app.submit(workflow, payload, task_id=task_id, reply_to=reply_to)
     finally:
@@ -159,13 +166,3 @@ def _root_cause(error: BaseException) -> BaseException:
         error = error.exceptions[0]
     return error
 
-
-def _redacted(url: str | None) -> str | None:
-    """A URL fit for a log line: its password, if any, replaced by ***."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))

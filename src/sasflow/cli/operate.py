@@ -16,7 +16,7 @@ import click
 from sasflow.app import DEFAULT_STORE, App
 from sasflow.cli import output
 from sasflow.cli.app_ref import AppRef, load_app
-from sasflow.cli.options import Connection, connection_options, option
+from sasflow.cli.options import CONNECT_WITHIN, Connection, connection_options, option
 from sasflow.errors import UnknownTaskError
 from sasflow.model import Task, TaskState
 from sasflow.store import Store, open_store
@@ -47,7 +47,8 @@ def _connection(ctx: click.Context, app_ref: AppRef | None, store: str | None, *
 def _run(conn: Connection, work: Callable[[App | None, Store], Coroutine[Any, Any, T]]) -> T:
     """Run `work` against the app's store (with --app) or the store alone, then close it."""
     if conn.app_ref is None:
-        store = open_store(conn.store or DEFAULT_STORE, create=False)
+        store = open_store(conn.store or DEFAULT_STORE, create=False,
+                           connect_within=CONNECT_WITHIN)
 
         async def alone() -> T:
             try:
@@ -57,7 +58,7 @@ def _run(conn: Connection, work: Callable[[App | None, Store], Coroutine[Any, An
 
         return asyncio.run(alone())
     app = load_app(conn.app_ref)
-    app.configure(store=conn.store)
+    app.configure(store=conn.store, connect_within=CONNECT_WITHIN)
     try:
         return asyncio.run(work(app, app.store))
     finally:
@@ -182,7 +183,7 @@ def cancel_task(ctx: click.Context, task_id: str, as_json: bool,
 @connection_options
 @click.pass_context
 def alerts(ctx: click.Context, app_ref: AppRef | None, store: str | None) -> None:
-    """Operator alerts, raised when a task goes to error."""
+    """Operator alerts: a task gone to error, or an incident (work no live worker takes)."""
     ctx.obj = Connection(app_ref=app_ref, store=store)
 
 

@@ -17,6 +17,7 @@ from sasflow.app import DEFAULT_STORE
 from sasflow.cli.app_ref import APP_REF, AppRef
 
 __all__ = [
+    "CONNECT_WITHIN",
     "CommaList",
     "Connection",
     "app_option",
@@ -27,6 +28,10 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Seconds an operator command waits to reach a server store: it answers in
+# seconds with one line, where a worker waits for the store as long as it takes.
+CONNECT_WITHIN = 5.0
 
 
 def option(*decls: str, **attrs: Any) -> Callable[[F], F]:

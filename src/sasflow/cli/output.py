@@ -29,8 +29,12 @@ def dumps(value: Any) -> str:
 
 
 def alert_json(alert: Alert) -> dict[str, Any]:
-    return {"id": alert.id, "task_id": alert.task_id, "step": alert.step,
-            "agent": alert.agent, "at": isoformat(alert.at), "message": alert.message}
+    out = {"id": alert.id, "task_id": alert.task_id, "step": alert.step,
+           "agent": alert.agent, "at": isoformat(alert.at), "message": alert.message}
+    if alert.incident is not None:  # an incident's alert (R4): what, how many, resolved
+        out.update(incident=alert.incident, count=alert.count,
+                   resolved_at=isoformat(alert.resolved_at))
+    return out
 
 
 def history_json(entry: HistoryEntry) -> dict[str, Any]:
@@ -75,7 +79,8 @@ def tasks_table(tasks: Sequence[Task]) -> str:
 
 def task_detail(task: Task) -> str:
     """The task's record, then one row per step with its compensation's state."""
-    fields = [("task", task.task_id), ("workflow", task.workflow), ("state", task.state.value),
+    fields = [("task", task.task_id), ("workflow", task.workflow),
+              ("version", _text(task.version)), ("state", task.state.value),
               ("error", _text(task.error, None)), ("failures", str(task.failure_count)),
               ("locked by", _text(task.locked_by)), ("complete by", _when(task.complete_by)),
               ("epoch", str(task.epoch)), ("reply to", _text(task.reply_to)),
@@ -111,5 +116,6 @@ def alerts_table(alerts: Sequence[Alert]) -> str:
     if not alerts:
         return "no alerts"
     return table(["ID", "AT", "TASK ID", "STEP", "AGENT", "MESSAGE"], [
-        [str(a.id), _when(a.at), a.task_id, _text(a.step), _text(a.agent), _text(a.message)]
+        [str(a.id), _when(a.at), _text(a.task_id), _text(a.step), _text(a.agent),
+         _text(a.message) + (" (resolved)" if a.resolved_at is not None else "")]
         for a in alerts])

@@ -5,17 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sasflow.errors import ConfigurationError, MissingExtraError
+from sasflow.redact import redact
 from sasflow.store.base import Store
 
 __all__ = ["Store", "open_store"]
 
 
 def open_store(url: str, *, clock: Callable[[], float] | None = None,
-               create: bool = True) -> Store:
+               create: bool = True, connect_within: float | None = None) -> Store:
     """The store a URL names: ``sqlite:///path`` or ``postgresql://...``.
 
     With ``create=False`` a store that does not exist yet is an error rather than
-    a new empty one (for commands that only read).
+    a new empty one (for commands that only read). ``connect_within`` bounds how
+    long a server store waits to be reached (an operator command answers in
+    seconds; a worker, by default, waits as long as the store's own budget).
     """
     if url.startswith("sqlite:"):
         from sasflow.store.sqlite import SQLiteStore
@@ -31,7 +34,10 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None,
                 "the PostgreSQL store needs psycopg: pip install 'sasflow[postgres]'"
             ) from error
 
-        return PostgresStore.from_url(url, clock=clock, create=create)
+        store = PostgresStore.from_url(url, clock=clock, create=create)
+        if connect_within is not None:
+            store.reconnect_for = connect_within
+        return store
     raise ConfigurationError(
-        f"unknown store URL {url!r}: expected sqlite:///PATH or postgresql://..."
+        f"unknown store URL {redact(url)!r}: expected sqlite:///PATH or postgresql://..."
     )

@@ -15,8 +15,10 @@ import msgspec
 from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
 from sasflow.transition import Transition
+from sasflow.transport.dead_letter import DeadLetter
+from sasflow.workflow import workflow_version
 
-__all__ = ["Alert", "HistoryEntry", "Instance", "NewTask", "OutboxMessage", "Store"]
+__all__ = ["Alert", "Census", "HistoryEntry", "Instance", "NewTask", "OutboxMessage", "Store"]
 
 
 class NewTask(msgspec.Struct, kw_only=True):
@@ -27,6 +29,11 @@ class NewTask(msgspec.Struct, kw_only=True):
     input_json: bytes
     steps: list[tuple[str, str, str]]  # (name, agent, idempotency key), in order
     reply_to: str | None = None
+    version: str = ""  # the workflow's version; derived from `steps` when not given
+
+    def __post_init__(self) -> None:
+        if not self.version:
+            self.version = workflow_version(self.workflow, [(n, a) for n, a, _ in self.steps])
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
@@ -44,14 +51,32 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
 
 
 class Alert(msgspec.Struct, kw_only=True):
-    """An operator alert raised with a task's move to error (E8)."""
+    """An operator alert: raised with a task's move to error (E8), or for an incident.
+
+    An incident is a condition of the deployment rather than of one task (R4): tasks
+    of a workflow version, or units of an agent, that no live process declares. It
+    has no task id; `incident` names what it is about (``workflow:NAME@VERSION``,
+    ``agent:NAME``), `count` how many tasks it held when raised, and `resolved_at`
+    when it was gone. One alert per incident, not one per task.
+    """
 
     id: int
-    task_id: str
+    task_id: str | None
     at: float
     message: str
     step: str | None = None
     agent: str | None = None
+    incident: str | None = None
+    count: int | None = None
+    resolved_at: float | None = None
+
+
+class Census(msgspec.Struct, kw_only=True):
+    """What unfinished tasks need: how many of each (workflow, version), and of those
+    how many are at a unit of each agent ((workflow, version, agent) -> count)."""
+
+    versions: dict[tuple[str, str | None], int]
+    agents: dict[tuple[str, str | None, str], int]
 
 
 class Instance(msgspec.Struct, kw_only=True):
@@ -106,8 +131,11 @@ class Store(Protocol):
         """Apply a fenced transition: all of it, or nothing if the fence no longer holds."""
         ...
 
-    async def expired(self, limit: int) -> list[Task]:
-        """Locked tasks whose complete-by has passed, with their steps (S7)."""
+    async def expired(self, limit: int, workflows: Collection[str] | None = None
+                      ) -> list[Task]:
+        """Locked tasks whose complete-by has passed, with their steps (S7); only those
+        of `workflows` when given (R4: a supervisor looks only at what it knows, and
+        the others cost it nothing)."""
         ...
 
     async def get(self, task_id: str) -> Task | None: ...
@@ -119,8 +147,24 @@ class Store(Protocol):
 
     async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]: ...
 
-    async def next_expiry(self) -> float | None:
-        """The earliest complete-by among locked tasks (the supervisor's alarm clock)."""
+    async def next_expiry(self, workflows: Collection[str] | None = None) -> float | None:
+        """The earliest complete-by among locked tasks (of `workflows` when given): the
+        supervisor's alarm clock."""
+        ...
+
+    async def census(self) -> Census:
+        """What the unfinished tasks need (workflow versions, agents): the supervisor
+        compares it with what live instances declare (R4)."""
+        ...
+
+    async def incidents(self) -> list[Alert]:
+        """The incident alerts not yet resolved, oldest first."""
+        ...
+
+    async def report_incidents(self, raised: Collection[Alert], resolved: Collection[str]
+                               ) -> None:
+        """Record new incident alerts (each resolves an open one of the same incident,
+        which it supersedes) and resolve the open alerts of `resolved` incidents."""
         ...
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
@@ -146,6 +190,20 @@ class Store(Protocol):
 
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         """The instances that have beaten (or only the one named), oldest first."""
+        ...
+
+    # The in-process transport's dead letters (R3): its queues die with the
+    # process, so they are kept in the store (transport/dead_letter.py).
+    async def add_dead_letter(self, letter: DeadLetter) -> None: ...
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """The oldest `limit` dead letters, oldest first."""
+        ...
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None: ...
+
+    async def purge_dead_letters(self) -> int:
+        """Forget every dead letter; how many there were."""
         ...
 
     async def take_outbox(self, queues: Collection[str] | None, limit: int

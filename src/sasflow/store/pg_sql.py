@@ -10,7 +10,15 @@ Column order of a task row is sql.TASK_COLUMNS everywhere.
 
 from __future__ import annotations
 
-from sasflow.store.sql import TASK_COLUMNS
+from sasflow.store import sql
+from sasflow.store.sql import ALERT_COLUMNS, TASK_COLUMNS
+
+# Statements with no parameters or dialect of their own: the same text (R4 census,
+# the versions of tasks written before versions existed).
+CENSUS_VERSIONS = sql.CENSUS_VERSIONS
+CENSUS_AGENTS = sql.CENSUS_AGENTS
+SELECT_OPEN_INCIDENTS = sql.SELECT_OPEN_INCIDENTS
+SELECT_UNVERSIONED = sql.SELECT_UNVERSIONED
 
 # The store's sessions run short statements whose plans are cached (prepared). A
 # cached generic plan can be estimated costly enough to be compiled by the JIT,
@@ -58,6 +66,22 @@ ORDER BY complete_by LIMIT %s
 
 NEXT_EXPIRY = "SELECT MIN(complete_by) FROM tasks WHERE locked_by IS NOT NULL"
 
+# The same per workflow (the supervisor's, R4): ordered range scans of the partial
+# index tasks_expiring, each workflow's earliest first; merged in the query.
+SELECT_EXPIRED_OF = f"""
+SELECT e.* FROM unnest(%s::text[]) AS w(name), LATERAL (
+    SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks
+    WHERE workflow = w.name AND locked_by IS NOT NULL AND complete_by < %s
+    ORDER BY complete_by LIMIT %s) AS e
+ORDER BY e.complete_by LIMIT %s
+"""
+
+NEXT_EXPIRY_OF = """
+SELECT MIN(e.due) FROM unnest(%s::text[]) AS w(name), LATERAL (
+    SELECT MIN(complete_by) AS due FROM tasks
+    WHERE workflow = w.name AND locked_by IS NOT NULL) AS e
+"""
+
 LIST_TASKS = f"""
 SELECT {TASK_COLUMNS} FROM tasks
 WHERE (%s::text IS NULL OR state = %s::text) AND (%s::text IS NULL OR workflow = %s::text)
@@ -69,9 +93,19 @@ SELECT step, phase, at, actor, epoch, from_state, to_state, why FROM history
 WHERE task_id = %s ORDER BY id
 """
 
-SELECT_ALERTS = """
-SELECT id, task_id, step, agent, at, message FROM alerts WHERE id > %s ORDER BY id LIMIT %s
+SELECT_ALERTS = f"SELECT {ALERT_COLUMNS} FROM alerts WHERE id > %s ORDER BY id LIMIT %s"
+
+RESOLVE_INCIDENT = """
+UPDATE alerts SET resolved_at = %(now)s
+WHERE incident = %(incident)s AND resolved_at IS NULL
 """
+
+INSERT_INCIDENT = """
+INSERT INTO alerts (task_id, step, agent, at, message, incident, count)
+VALUES (NULL, NULL, %(agent)s, %(now)s, %(message)s, %(incident)s, %(count)s)
+"""
+
+SET_VERSION = "UPDATE tasks SET version = %s WHERE task_id = %s"
 
 # Take the lease if it is free, expired, or already ours; a new holder bumps the epoch.
 ACQUIRE_LEASE = """
@@ -107,12 +141,13 @@ WHERE %(instance_id)s::text IS NULL OR instance_id = %(instance_id)s::text
 ORDER BY started_at, instance_id
 """
 
-# One workflow at a time: an ordered range scan of the partial index tasks_claimable.
+# One workflow version at a time: an ordered range scan of the partial index
+# tasks_claimable; only the versions this scheduler declares (R4, M4).
 # SKIP LOCKED: rows another scheduler is claiming right now are passed over, not
 # waited for, so concurrent claims take disjoint tasks without blocking (M1).
 SELECT_CLAIMABLE = f"""
 SELECT {TASK_COLUMNS} FROM tasks
-WHERE workflow = %s AND available_at <= %s
+WHERE workflow = %s AND version = %s AND available_at <= %s
   AND locked_by IS NULL AND state IN ('pending', 'compensating')
 ORDER BY available_at LIMIT %s
 FOR UPDATE SKIP LOCKED
@@ -166,7 +201,7 @@ def rows_of(*columns: str) -> str:
 
 _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
                "complete_by float8", "available_at float8", "failure_count int", "error text",
-               "claim int", "updated_at float8", "task_id text", "epoch bigint",
+               "claim int", "updated_at float8", "version text", "task_id text", "epoch bigint",
                "from_state text", "owner text", "from_cursor int", "expired_before float8",
                "lease text",
                "lease_holder text", "lease_epoch bigint",
@@ -174,7 +209,7 @@ _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
                "token bigint")  # the write's, into last_write
 _NEW_TASK = ("task_id text", "workflow text", "input text", "state text",
              "available_at float8", "reply_to text", "created_at float8", "updated_at float8",
-             "last_write bigint")
+             "last_write bigint", "version text")
 _NEW_STEP = ("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
              "idempotency_key text", "updated_at float8")
 _STEP = ("task_id text", "phase text", "idx int", "name text", "agent text", "state text",
@@ -210,7 +245,8 @@ applied AS (
            locked_by = v.locked_by, complete_by = v.complete_by,
            available_at = COALESCE(v.available_at, t.available_at),
            failure_count = v.failure_count, error = v.error, epoch = t.epoch + v.claim,
-           updated_at = v.updated_at, last_write = v.token
+           updated_at = v.updated_at, last_write = v.token,
+           version = COALESCE(v.version, t.version)
     FROM v JOIN locked USING (task_id)
     WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
       AND t.locked_by IS NOT DISTINCT FROM v.owner
@@ -224,6 +260,8 @@ wrote_steps AS (
                        complete_by, idempotency_key, result, error, in_doubt, updated_at)
     SELECT * FROM ({rows_of(*_STEP)}) s WHERE s.task_id IN (SELECT task_id FROM applied)
     ON CONFLICT (task_id, phase, idx) DO UPDATE SET
+        name = excluded.name, agent = excluded.agent,  -- as they were, but for a migration
+        idempotency_key = excluded.idempotency_key,
         state = excluded.state,
         attempts = steps.attempts + excluded.attempts,
         failure_count = steps.failure_count + excluded.failure_count,
@@ -256,7 +294,7 @@ FROM applied a
 INSERT_TASKS = f"""
 WITH created AS (
     INSERT INTO tasks (task_id, workflow, input, state, available_at, reply_to, created_at,
-                       updated_at, last_write)
+                       updated_at, last_write, version)
     {rows_of(*_NEW_TASK)}
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id, available_at),
@@ -282,6 +320,12 @@ FROM created
 RESET_FAILURES = f"""
 UPDATE steps SET failure_count = 0
 WHERE (task_id, phase, idx) IN ({rows_of("task_id text", "phase text", "idx int")})
+"""
+
+# A migration to a shorter shape drops the step rows past its end (plan.Plan.migrate).
+DROP_STEPS = f"""
+DELETE FROM steps s USING ({rows_of("task_id text", "idx int")}) AS v
+WHERE s.task_id = v.task_id AND s.phase = 'do' AND s.idx >= v.idx
 """
 
 MIRROR_UNDOS = f"""

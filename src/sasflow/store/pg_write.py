@@ -58,6 +58,7 @@ class _Implied:
         # the rare rows, written after the statement for the tasks it applied
         self.resets: dict[str, list[tuple[str, str, int]]] = {}
         self.mirrors: dict[str, list[tuple[Any, ...]]] = {}
+        self.drops: dict[str, list[tuple[Any, ...]]] = {}
 
     def add_transition(self, t: Transition, now: float) -> None:
         for kind, row in implied_rows(t, now):
@@ -69,6 +70,8 @@ class _Implied:
                 self.steps.append(tuple(values))
             elif kind == "mirror":
                 self.mirrors.setdefault(t.task_id, []).append(row)
+            elif kind == "drop":
+                self.drops.setdefault(t.task_id, []).append(row)
             elif kind == "history":
                 self.history.append(row)
             elif kind == "outbox":
@@ -89,15 +92,18 @@ class _Implied:
 
 class _After:
     """The rare rows that follow from the transitions that applied: failure counts
-    reset by an operator's retry, and the step rows mirroring a compensation."""
+    reset by an operator's retry, the step rows mirroring a compensation, and those a
+    migration drops."""
 
     def __init__(self) -> None:
         self.resets: list[tuple[str, str, int]] = []
         self.mirrors: list[tuple[Any, ...]] = []
+        self.drops: list[tuple[Any, ...]] = []
 
     def applied(self, t: Transition, implied: _Implied) -> None:
         self.resets.extend(implied.resets.get(t.task_id, ()))
         self.mirrors.extend(implied.mirrors.get(t.task_id, ()))
+        self.drops.extend(implied.drops.get(t.task_id, ()))
 
     def statements(self) -> list[tuple[str, tuple[str, ...]]]:
         out: list[tuple[str, tuple[str, ...]]] = []
@@ -105,6 +111,8 @@ class _After:
             out.append((q.RESET_FAILURES, _json(self.resets)))
         if self.mirrors:
             out.append((q.MIRROR_UNDOS, _json(self.mirrors)))
+        if self.drops:  # rows past the new shape's end: disjoint from those just written
+            out.append((q.DROP_STEPS, _json(self.drops)))
         return out
 
 
@@ -112,9 +120,9 @@ def needs_transaction(batch: Sequence[Write]) -> bool:
     """Whether `batch` takes more than its one statement (which is a transaction by
     itself): when it mixes submissions and transitions, or has rare rows to write."""
     kinds = {type(write) for write in batch}
-    return len(kinds) > 1 or any(
-        unit.reset_failures or unit.phase is Phase.UNDO
-        for write in batch if isinstance(write, Transition) for unit in write.units)
+    transitions = [write for write in batch if isinstance(write, Transition)]
+    return len(kinds) > 1 or any(t.steps_from is not None for t in transitions) or any(
+        unit.reset_failures or unit.phase is Phase.UNDO for t in transitions for unit in t.units)
 
 
 def _wake(t: Transition, now: float) -> float | None:
@@ -136,7 +144,7 @@ def new_token() -> int:
 
 def _task_row(task: NewTask, now: float, token: int) -> tuple[Any, ...]:
     return (task.task_id, task.workflow, task.input_json.decode(), TaskState.PENDING.value,
-            now, task.reply_to, now, now, token)
+            now, task.reply_to, now, now, token, task.version)
 
 
 def _identity_outcome(task: NewTask, workflow: str, input_json: str) -> Outcome:

@@ -55,8 +55,10 @@ from psycopg_pool import AsyncConnectionPool
 from sasflow.errors import ConfigurationError, StoreError
 from sasflow.model import Task, TaskState
 from sasflow.plan import Plan
+from sasflow.redact import redact, scrub
+from sasflow.store import dead_letters
 from sasflow.store import pg_sql as q
-from sasflow.store.base import Alert, HistoryEntry, Instance, NewTask, OutboxMessage
+from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.pg_commit import GroupCommit
 from sasflow.store.pg_write import (
     Outcome,
@@ -68,13 +70,18 @@ from sasflow.store.pg_write import (
     written,
 )
 from sasflow.store.rows import (
+    alert_from_row,
     attach_steps,
     check_legal,
+    claim_transition,
+    incident_params,
     instance_from_row,
     instance_params,
     task_from_row,
+    versions_of,
 )
 from sasflow.transition import Transition
+from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["PostgresStore"]
 
@@ -126,6 +133,7 @@ class PostgresStore:
         self._open_lock = asyncio.Lock()
         self._opened = False
         self._schema_ready = False
+        self.migrations_applied: list[str] = []  # by this process, for `sasflow db upgrade`
         self._sync: psycopg.Connection[Any] | None = None  # for submit_blocking
         self._sync_lock = threading.Lock()
 
@@ -137,7 +145,8 @@ class PostgresStore:
         try:
             psycopg.conninfo.conninfo_to_dict(url)
         except psycopg.ProgrammingError as error:
-            raise ConfigurationError(f"bad PostgreSQL URL {url!r}: {error}") from error
+            raise ConfigurationError(f"bad PostgreSQL URL {redact(url)!r}: {scrub(str(error), url)}"
+                                     ) from None  # the cause quotes the URL
         return cls(url, clock=clock, create=create)
 
     # ------------------------------------------------------------ clock
@@ -257,7 +266,7 @@ class PostgresStore:
         """Check (or bring up to date) the schema, on a connection of its own."""
         try:
             with psycopg.connect(self.conninfo) as conn:
-                _migrate(conn, self._create)
+                self.migrations_applied += _migrate(conn, self._create)
         except psycopg.OperationalError as error:
             raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
         except pg_errors.InsufficientPrivilege as error:
@@ -373,8 +382,9 @@ class PostgresStore:
 
     # ------------------------------------------------------------ scheduler
     async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
-        names = list(plans)
-        if not names or limit <= 0:
+        # only the versions declared here (R4): (workflow, version) of each plan
+        shapes = [(name, plan.workflow.version) for name, plan in plans.items()]
+        if not shapes or limit <= 0:
             return []
 
         token = new_token()
@@ -384,18 +394,21 @@ class PostgresStore:
             now = self.now()
             rows: list[tuple[Any, ...]] = []
             async with conn.cursor() as cur:
-                for name in names:
-                    await cur.execute(q.SELECT_CLAIMABLE, (name, now, limit))
+                for name, version in shapes:
+                    await cur.execute(q.SELECT_CLAIMABLE, (name, version, now, limit))
                     rows.extend(await cur.fetchall())
             if not rows:  # nothing written: no WAL flush at commit
                 return []
-            if len(names) > 1:  # the earliest runnable first, whatever their workflow;
+            if len(shapes) > 1:  # the earliest runnable first, whatever their workflow;
                 # the rows left over are unlocked again at commit
                 rows = sorted(rows, key=lambda row: row[8])[:limit]
             tasks = await _tasks_with_steps(conn, rows)
+            planned = [(task, claim_transition(plans[task.workflow], task, owner, now))
+                       for task in tasks]
+            tasks = [task for task, transition in planned if transition is not None]
+            transitions = [transition for _, transition in planned if transition is not None]
             locked[:] = [task.task_id for task in tasks]
-            transitions = [plans[task.workflow].claim(task, owner, now) for task in tasks]
-            applied = await write_batch(conn, transitions, token, now)
+            applied = await write_batch(conn, transitions, token, now) if transitions else []
             return [task for task, ok in zip(tasks, applied, strict=True) if ok is True]
 
         async def claim_here() -> list[Task]:
@@ -418,16 +431,49 @@ class PostgresStore:
         return await self._group_commit(transition)
 
     # ------------------------------------------------------------ supervisor
-    async def expired(self, limit: int) -> list[Task]:
+    async def expired(self, limit: int, workflows: Collection[str] | None = None
+                      ) -> list[Task]:
+        names = None if workflows is None else list(workflows)
+
         async def job(conn: psycopg.AsyncConnection[Any]) -> list[Task]:
-            cur = await conn.execute(q.SELECT_EXPIRED, (self.now(), limit))
+            now = self.now()
+            if names is None:
+                cur = await conn.execute(q.SELECT_EXPIRED, (now, limit))
+            else:
+                cur = await conn.execute(q.SELECT_EXPIRED_OF, (names, now, limit, limit))
             return _tasks_and_their_steps(await cur.fetchall())
 
         return await self._at_home(lambda: self._run(job, transaction=False))
 
-    async def next_expiry(self) -> float | None:
-        row = await self._fetchone(q.NEXT_EXPIRY, ())
+    async def next_expiry(self, workflows: Collection[str] | None = None) -> float | None:
+        if workflows is None:
+            row = await self._fetchone(q.NEXT_EXPIRY, ())
+        else:
+            row = await self._fetchone(q.NEXT_EXPIRY_OF, (list(workflows),))
         return None if row is None or row[0] is None else float(row[0])
+
+    # ------------------------------------------------------------ incidents (R4)
+    async def census(self) -> Census:
+        versions = await self._fetchall(q.CENSUS_VERSIONS, ())
+        agents = await self._fetchall(q.CENSUS_AGENTS, ())
+        return Census(versions={(w, v): n for w, v, n in versions},
+                      agents={(w, v, a): n for w, v, a, n in agents})
+
+    async def incidents(self) -> list[Alert]:
+        rows = await self._fetchall(q.SELECT_OPEN_INCIDENTS, ())
+        return sorted((alert_from_row(row) for row in rows), key=lambda a: a.id)
+
+    async def report_incidents(self, raised: Collection[Alert], resolved: Collection[str]
+                               ) -> None:
+        async def job(conn: psycopg.AsyncConnection[Any]) -> None:
+            now = self.now()
+            for incident in [*resolved, *(a.incident for a in raised)]:
+                await conn.execute(q.RESOLVE_INCIDENT, {"now": now, "incident": incident})
+            for alert in raised:
+                await conn.execute(q.INSERT_INCIDENT, incident_params(alert, now))
+
+        if raised or resolved:  # repeated after a lost commit: at worst an alert twice
+            await self._at_home(lambda: self._run(job))
 
     async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
         async def job(conn: psycopg.AsyncConnection[Any]) -> tuple[Any, ...] | None:
@@ -482,8 +528,7 @@ class PostgresStore:
 
     async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]:
         rows = await self._fetchall(q.SELECT_ALERTS, (after, limit))
-        return [Alert(id=r[0], task_id=r[1], step=r[2], agent=r[3], at=r[4], message=r[5])
-                for r in rows]
+        return [alert_from_row(row) for row in rows]
 
     async def _fetchall(self, statement: str, params: Sequence[Any] | Mapping[str, Any]
                         ) -> list[tuple[Any, ...]]:
@@ -512,6 +557,30 @@ class PostgresStore:
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         rows = await self._fetchall(q.SELECT_INSTANCES, {"instance_id": instance_id})
         return [instance_from_row(row) for row in rows]
+
+    # ------------------------------------------------------------ dead letters (R3)
+    async def add_dead_letter(self, letter: DeadLetter) -> None:
+        async def job(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.execute(_DEAD_LETTER_SQL["insert"], dead_letters.letter_params(letter))
+
+        await self._at_home(lambda: self._run(job))  # keyed by its id: safe to repeat
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        rows = await self._fetchall(_DEAD_LETTER_SQL["oldest"], {"limit": limit})
+        return [dead_letters.letter_from_row(row) for row in rows]
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        rows = await self._fetchall(_DEAD_LETTER_SQL["one"], {"id": letter_id})
+        return dead_letters.letter_from_row(rows[0]) if rows else None
+
+    async def purge_dead_letters(self) -> int:
+        async def job(conn: psycopg.AsyncConnection[Any]) -> int:
+            # counted by the statement itself: a pipelined cursor's rowcount is not known yet
+            row = await (await conn.execute(_DEAD_LETTER_SQL["purge"])).fetchone()
+            return int(row[0]) if row else 0
+
+        count: int = await self._at_home(lambda: self._run(job))
+        return count
 
     # ------------------------------------------------------------ outbox (E11)
     async def take_outbox(self, queues: Collection[str] | None, limit: int
@@ -612,31 +681,46 @@ async def _tasks_with_steps(conn: psycopg.AsyncConnection[Any],
     return list(tasks.values())
 
 
+_DEAD_LETTER_SQL = {name: dead_letters.postgres(statement) for name, statement in (
+    ("insert", dead_letters.INSERT), ("oldest", dead_letters.SELECT_OLDEST),
+    ("one", dead_letters.SELECT_ONE),
+    ("purge", f"WITH gone AS ({dead_letters.PURGE} RETURNING 1) SELECT count(*) FROM gone"))}
+
+
 # ---------------------------------------------------------------- migrations
 def _scripts() -> list[tuple[str, str]]:
     folder = resources.files("sasflow.store.migrations") / "postgres"
     return sorted((f.name, f.read_text()) for f in folder.iterdir() if f.name.endswith(".sql"))
 
 
-def _migrate(conn: psycopg.Connection[Any], create: bool) -> None:
+_VERSIONS_MIGRATION = "0004_versions.sql"  # tasks gained a version column
+
+
+def _migrate(conn: psycopg.Connection[Any], create: bool) -> list[str]:
     """Apply the packaged migrations this database has not seen, in order, atomically.
 
     With `create=False` a database that is behind is refused instead. A database
     that is up to date is only read, so processes whose role may not CREATE can
-    open it.
+    open it. Returns the names of the migrations it applied.
     """
     with conn.transaction():
         pending = _pending(conn)
         if not pending:
-            return
+            return []
         if not create:
             raise StoreError("the PostgreSQL store's sasflow schema is missing or behind"
                              " this version: run `sasflow db upgrade`")
         conn.execute(q.MIGRATION_LOCK)  # one migrating process at a time; till commit
         conn.execute(q.CREATE_MIGRATIONS)
-        for name, script in _pending(conn):  # again: another may have just finished
+        pending = _pending(conn)  # again: another may have just finished
+        for name, script in pending:
             conn.execute(script.encode())  # no parameters: several statements
+            if name == _VERSIONS_MIGRATION:  # tasks written before get their version
+                with conn.cursor() as cur:
+                    cur.executemany(q.SET_VERSION, versions_of(
+                        conn.execute(q.SELECT_UNVERSIONED).fetchall()))
             conn.execute(q.INSERT_MIGRATION, (name, time.time()))
+    return [name for name, _ in pending]
 
 
 def _pending(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:

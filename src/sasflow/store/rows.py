@@ -11,12 +11,13 @@ tagged with what it is; every store maps a tag to its own dialect's statement.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import msgspec
 
-from sasflow.errors import StoreError
+from sasflow.errors import InvalidTransitionError, StoreError
 from sasflow.messages import Status, encode
 from sasflow.model import (
     CompensationRecord,
@@ -27,19 +28,23 @@ from sasflow.model import (
     TaskState,
     can_move,
 )
-from sasflow.store.base import Instance
+from sasflow.plan import Plan
+from sasflow.store.base import Alert, Instance
 from sasflow.transition import UNSET, Transition
+from sasflow.workflow import workflow_version
 
-__all__ = ["Row", "RowKind", "attach_steps", "check_legal", "fence_values", "implied_rows",
+__all__ = ["Row", "RowKind", "alert_from_row", "attach_steps", "check_legal",
+           "claim_transition", "fence_values", "implied_rows", "incident_params",
            "instance_from_row", "instance_params", "set_values", "status_row",
-           "task_from_row"]
+           "task_from_row", "versions_of"]
 
 # What an implied row is; stores map each to their UPSERT_STEP, MIRROR_UNDO,
-# INSERT_HISTORY, INSERT_OUTBOX and INSERT_ALERT statements.
-RowKind = Literal["step", "mirror", "history", "outbox", "alert"]
+# INSERT_HISTORY, INSERT_OUTBOX, INSERT_ALERT and DROP_STEPS statements.
+RowKind = Literal["step", "mirror", "history", "outbox", "alert", "drop"]
 Row = tuple[RowKind, tuple[Any, ...]]
 
 _decode = msgspec.json.decode
+log = logging.getLogger("sasflow.store")
 
 
 def instance_params(instance: Instance, now: float) -> dict[str, Any]:
@@ -62,7 +67,30 @@ def task_from_row(row: tuple[Any, ...]) -> Task:
     return Task(task_id=row[0], workflow=row[1], input=_decode(row[2]),
                 state=TaskState(row[3]), phase=Phase(row[4]), cursor=row[5], locked_by=row[6],
                 complete_by=row[7], failure_count=row[9], epoch=row[10], reply_to=row[11],
-                error=row[12], created_at=row[13], updated_at=row[14])
+                error=row[12], created_at=row[13], updated_at=row[14], version=row[15])
+
+
+def alert_from_row(row: tuple[Any, ...]) -> Alert:
+    """A row of sql.ALERT_COLUMNS as an Alert."""
+    (id_, task_id, step, agent, at, message, incident, count, resolved_at) = row
+    return Alert(id=id_, task_id=task_id, step=step, agent=agent, at=at, message=message,
+                 incident=incident, count=count, resolved_at=resolved_at)
+
+
+def incident_params(alert: Alert, now: float) -> dict[str, Any]:
+    """The named parameters of INSERT_INCIDENT."""
+    return {"agent": alert.agent, "now": now, "message": alert.message,
+            "incident": alert.incident, "count": alert.count}
+
+
+def versions_of(rows: Iterable[tuple[Any, ...]]) -> list[tuple[str, str]]:
+    """(version, task_id) of tasks written before versions existed, from rows of
+    SELECT_UNVERSIONED (task_id, workflow, step name, agent; in step order)."""
+    shapes: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    for task_id, workflow, name, agent in rows:
+        shapes.setdefault(task_id, (workflow, []))[1].append((name, agent))
+    return [(workflow_version(workflow, steps), task_id)
+            for task_id, (workflow, steps) in shapes.items()]
 
 
 def attach_steps(tasks: dict[str, Task], step_rows: Iterable[tuple[Any, ...]]) -> None:
@@ -92,6 +120,18 @@ def status_row(queue: str, task_id: str, event: str, state: TaskState, step: str
 
 
 # ---------------------------------------------------------------- transitions
+def claim_transition(plan: Plan, task: Task, owner: str, now: float) -> Transition | None:
+    """The plan's claim of a task, or None (the task is left alone) if its stored steps
+    are not of the plan's version. Claims select by version, so this means a task row
+    whose version column disagrees with its own steps: it is skipped, never run under
+    a shape it was not planned for (R4)."""
+    try:
+        return plan.claim(task, owner, now)
+    except InvalidTransitionError as error:
+        log.warning("not claiming task %s: %s", task.task_id, error)
+        return None
+
+
 def check_legal(t: Transition) -> None:
     """Refuse a transition the state machine does not allow, before anything is written."""
     if not can_move(t.from_state, t.state) and t.from_state is not t.state:
@@ -101,9 +141,10 @@ def check_legal(t: Transition) -> None:
 
 def set_values(t: Transition, now: float) -> tuple[Any, ...]:
     """The new values of the fenced UPDATE: state, phase, cursor, locked_by, complete_by,
-    available_at, failure_count, error, epoch increment, updated_at."""
+    available_at, failure_count, error, epoch increment, updated_at, version (None
+    keeps it)."""
     return (t.state.value, t.phase.value, t.cursor, t.locked_by, t.complete_by,
-            t.available_at, t.failure_count, t.error, int(t.claim), now)
+            t.available_at, t.failure_count, t.error, int(t.claim), now, t.version)
 
 
 def fence_values(t: Transition) -> tuple[Any, ...]:
@@ -117,6 +158,8 @@ def fence_values(t: Transition) -> tuple[Any, ...]:
 def implied_rows(t: Transition, now: float) -> Iterator[Row]:
     """The unit, history, outbox and alert rows an applied transition writes."""
     epoch = t.epoch + t.claim
+    if t.steps_from is not None:  # a migration to a shorter shape (disjoint from its units)
+        yield "drop", (t.task_id, t.steps_from)
     yield "history", (t.task_id, None, None, now, t.actor, epoch, t.from_state.value,
                       t.state.value, t.why)
     for unit in t.units:

@@ -7,6 +7,15 @@ from"). If a job raises, the batch is rolled back and each job re-run in a
 transaction of its own, so one bad job never takes another's writes with it.
 Jobs must therefore be safe to re-run: they read what they need inside the
 transaction.
+
+The connection is prepared (schema, journal mode) once when the writer starts,
+without waiting for any lock: the store may be made inside a caller's open
+transaction on the same file (E1), which holds the very write lock preparing
+may need, so a first attempt that finds the lock taken gives up at once. Until
+preparation succeeds it is tried again, waiting as usual, before each batch
+and before a reader's first read.
+Errors from SQLite itself reach callers through `translate` (the store maps
+them to StoreError).
 """
 
 from __future__ import annotations
@@ -31,10 +40,17 @@ class Writer:
     """A thread owning the one write connection of this process."""
 
     def __init__(self, connect: Callable[[], sqlite3.Connection], *,
+                 prepare: Callable[[sqlite3.Connection], None] = lambda conn: None,
+                 translate: Callable[[BaseException], BaseException] = lambda error: error,
                  before_commit: Callable[[sqlite3.Connection], None] = lambda conn: None,
                  after_rollback: Callable[[], None] = lambda: None) -> None:
         self._jobs: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._connect = connect
+        self._prepare = prepare
+        self._translate = translate
+        self._prepared = False
+        self._first_prepare = threading.Event()  # set when the first attempt has ended
+        self._prepare_error: BaseException | None = None
         self._before_commit = before_commit  # jobs may defer bulk writes until then
         self._after_rollback = after_rollback
         self._ready = concurrent.futures.Future[None]()
@@ -56,6 +72,17 @@ class Writer:
         self._jobs.put((job, future, None))
         return future.result()
 
+    def wait_prepared(self) -> None:
+        """Return once the connection is prepared; raise what preparing raised, if it
+        still fails when tried again (the lock it needed may have been let go since)."""
+        self._first_prepare.wait()
+        if self._prepared:
+            return
+        if not self._thread.is_alive():
+            assert self._prepare_error is not None
+            raise self._prepare_error
+        self.run_sync(lambda conn: None)  # an empty batch: the writer prepares first
+
     def close(self) -> None:
         if self._thread.is_alive():
             self._jobs.put(None)
@@ -66,6 +93,13 @@ class Writer:
             conn = self._connect()
         except BaseException as error:
             self._ready.set_exception(error)
+            return
+        try:
+            self._first_attempt(conn)
+        except BaseException as error:
+            self._ready.set_exception(error)
+            self._first_prepare.set()
+            conn.close()
             return
         self._ready.set_result(None)
         try:
@@ -83,9 +117,33 @@ class Writer:
                         self._jobs.put(None)  # finish this batch, then stop
                         break
                     batch.append(more)
+                if not self._try_prepare(conn):
+                    _settle_all([(item, None, self._prepare_error) for item in batch])
+                    continue
                 _settle_all(self._commit(conn, batch))
         finally:
+            self._first_prepare.set()  # nobody waits for a thread that has ended
             conn.close()
+
+    def _first_attempt(self, conn: sqlite3.Connection) -> None:
+        """Prepare without waiting for a lock another connection holds."""
+        patience = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            self._try_prepare(conn)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(patience)}")
+
+    def _try_prepare(self, conn: sqlite3.Connection) -> bool:
+        if not self._prepared:
+            try:
+                self._prepare(conn)
+            except Exception as error:
+                self._prepare_error = self._translate(error)
+            else:
+                self._prepared, self._prepare_error = True, None
+            self._first_prepare.set()
+        return self._prepared
 
     def _commit(self, conn: sqlite3.Connection, batch: list[_Item]) -> list[_Outcome]:
         try:
@@ -95,10 +153,13 @@ class Writer:
             conn.execute("COMMIT")
         except BaseException as error:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                # a full disk or an I/O error may fail the rollback too; SQLite has then
+                # rolled back itself, and this thread must live on to answer the others
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             self._after_rollback()
             if len(batch) == 1:
-                return [(batch[0], None, error)]
+                return [(batch[0], None, self._translate(error))]
             outcomes: list[_Outcome] = []
             for item in batch:  # find the culprit: each job in a transaction of its own
                 outcomes.extend(self._commit(conn, [item]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sasflow.errors import ConfigurationError, MissingExtraError
+from sasflow.redact import guard_loggers, redact
 from sasflow.transport.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Handler,
@@ -10,17 +11,37 @@ from sasflow.transport.base import (
     agent_queue,
     reply_queue,
 )
+from sasflow.transport.dead_letter import BoxOpener, DeadLetter, MalformedMessage, split_policy
 
-__all__ = ["Handler", "Transport", "agent_queue", "open_transport", "reply_queue"]
+__all__ = ["DeadLetter", "Handler", "MalformedMessage", "Transport", "agent_queue",
+           "is_in_process", "open_transport", "reply_queue"]
+
+
+def is_in_process(url: str | None) -> bool:
+    """Whether `url` names the in-process transport (the default)."""
+    return (url or "").partition("?")[0] in ("", "memory", "memory://")
 
 
 def open_transport(url: str | None, *,
-                   max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Transport:
-    """The transport a URL names: ``memory`` (default), ``amqp://...``, ``redis://...``."""
-    if url in (None, "", "memory", "memory://"):
+                   max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                   dead_letter_box: BoxOpener | None = None) -> Transport:
+    """The transport a URL names: ``memory`` (default), ``amqp://...``, ``redis://...``.
+
+    Every URL may set the delivery policy (R3): ``?max_deliveries=N`` (default 5)
+    and ``?redelivery_backoff=SECONDS`` (default 0.2, doubling per delivery).
+    `dead_letter_box` opens where the in-process transport keeps its dead
+    letters (the store); a broker keeps its own.
+    """
+    if is_in_process(url):
         from sasflow.transport.memory import MemoryTransport
 
-        return MemoryTransport(max_message_bytes=max_message_bytes)
+        policy, rest = split_policy((url or "").partition("?")[2])
+        if rest:
+            raise ConfigurationError(
+                f"unknown option(s) of the in-process transport: {', '.join(k for k, _ in rest)}")
+        return MemoryTransport(max_message_bytes=max_message_bytes, policy=policy,
+                               dead_letter_box=dead_letter_box)
+    assert url is not None
     if url.startswith(("amqp://", "amqps://")):
         try:
             from sasflow.transport.amqp import AmqpTransport
@@ -30,6 +51,8 @@ def open_transport(url: str | None, *,
             raise MissingExtraError(
                 "the RabbitMQ transport needs aio-pika: pip install 'sasflow[rabbitmq]'"
             ) from error
+        # aio-pika's connection warnings print the URL, query string and all (R5)
+        guard_loggers("aio_pika", "aiormq")
         return AmqpTransport(url, max_message_bytes=max_message_bytes)
     if url.startswith(("redis://", "rediss://")):
         try:
@@ -42,4 +65,4 @@ def open_transport(url: str | None, *,
             ) from error
         return RedisTransport(url, max_message_bytes=max_message_bytes)
     raise ConfigurationError(
-        f"unknown transport URL {url!r}: expected memory, amqp://... or redis://...")
+        f"unknown transport URL {redact(url)!r}: expected memory, amqp://... or redis://...")

@@ -18,16 +18,26 @@ acks, the three things at-least-once delivery here rests on.
   messages, one per status.
 - Each ``consume`` has its own channel with ``basic.qos(prefetch)`` and runs at
   most ``prefetch`` handlers at once. It acks a message (or a bundle) once every
-  handler returned, and nacks it with requeue when a plain message's handler
-  raises; a bundle is acked after its failed messages were published again on
-  their own, so they come back without their neighbours. A consumer that stops,
-  or a process that dies, leaves its unacked messages (whole bundles) to the
-  broker, which redelivers them to another consumer.
+  handler returned. A consumer that stops, or a process that dies, leaves its
+  unacked messages (whole bundles) to the broker, which redelivers them to
+  another consumer.
+- A message whose handler raised is never requeued at once (a requeued message
+  comes straight back: the hot loop of R3). After the delivery policy's backoff
+  it is published again on its own, carrying its count of failed deliveries in
+  the ``x-sasflow-deliveries`` header, and only then acked; once that count
+  reaches the policy's bound (or at once, for a body its handler cannot
+  decode) it goes to the ``sasflow.dead-letters`` exchange instead, and on to
+  the durable queue of that name bound to it (docs/architecture.md says why
+  the count is ours rather than the broker's). A message the broker
+  redelivers (its consumer died holding it) counts one delivery more.
 
 URL: ``amqp://user:password@host:5672/vhost``, with aio-pika's query options
-(``heartbeat``, ``reconnect_interval``: 1 s here unless given) and one of ours,
+(``heartbeat``, ``reconnect_interval``: 1 s here unless given) and ours:
 ``queue_expires=SECONDS``: the broker deletes queues unused for that long
-(x-expires), for short-lived reply queues and test runs.
+(x-expires), for short-lived reply queues and test runs (never the dead-letter
+queue); ``max_deliveries``, ``redelivery_backoff`` (dead_letter.py);
+``dead_letters=NAME``: the dead-letter exchange and queue, default
+``sasflow.dead-letters``.
 """
 
 from __future__ import annotations
@@ -37,13 +47,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
 import msgspec
 from aio_pika.abc import (
     AbstractChannel,
+    AbstractExchange,
     AbstractIncomingMessage,
     AbstractQueue,
     AbstractRobustConnection,
@@ -51,8 +62,17 @@ from aio_pika.abc import (
 from pamqp.common import FieldTable
 
 from sasflow.errors import ConfigurationError, TransportError
+from sasflow.redact import redact
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE, Bundler, decode_bundle
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, carries_bundles
+from sasflow.transport.dead_letter import (
+    DeadLetter,
+    DeliveryPolicy,
+    MalformedMessage,
+    letter_for,
+    log_dead_letter,
+    split_policy,
+)
 
 __all__ = ["AmqpTransport"]
 
@@ -64,6 +84,17 @@ _PUBLISH_PATIENCE = 15.0
 _RECONNECT_INTERVAL = 1.0
 # Bounds the clean-up of a stopping consumer, so a dead broker cannot hang a shutdown.
 _STOP_TIMEOUT = 5.0
+
+DEAD_LETTERS = "sasflow.dead-letters"
+# Headers: failed deliveries so far and the first one's time (republished copies);
+# a dead letter's queue, reason and when it was dead-lettered.
+_DELIVERIES = "x-sasflow-deliveries"
+_FIRST_SEEN = "x-sasflow-first-seen"
+_QUEUE = "x-sasflow-queue"
+_REASON = "x-sasflow-reason"
+_DEAD_AT = "x-sasflow-dead-at"
+# How long `dead_letters` waits for each message of the dead-letter queue.
+_PEEK_TIMEOUT = 5.0
 
 # What a lost connection or channel raises; publish waits for the reconnect and retries.
 _CONNECTION_ERRORS = (aiormq.exceptions.AMQPConnectionError,
@@ -77,7 +108,7 @@ class AmqpTransport:
     shared = True
 
     def __init__(self, url: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
-        self.url, self._arguments = _split_url(url)
+        self.url, self._arguments, self.policy, self.dead_letter_queue = _split_url(url)
         self.max_message_bytes = max_message_bytes
         self._opening: asyncio.Task[tuple[AbstractRobustConnection, AbstractChannel]] | None
         self._opening = None
@@ -109,7 +140,7 @@ class AmqpTransport:
             publisher = await connection.channel(publisher_confirms=True, on_return_raises=True)
         except (aiormq.exceptions.AMQPError, OSError) as error:
             raise TransportError(
-                f"cannot connect to RabbitMQ at {_redact(self.url)}: {error}") from error
+                f"cannot connect to RabbitMQ at {redact(self.url)}: {error}") from error
         return connection, publisher
 
     async def ping(self) -> None:
@@ -117,6 +148,18 @@ class AmqpTransport:
 
     async def _declare(self, channel: AbstractChannel, queue: str) -> AbstractQueue:
         return await channel.declare_queue(queue, durable=True, arguments=self._arguments)
+
+    async def _declare_dead_letters(self, channel: AbstractChannel) -> AbstractExchange:
+        """The dead-letter exchange, with its durable queue bound, declared once per channel
+        (both idempotent; never with queue_expires: dead letters wait for an operator)."""
+        name = self.dead_letter_queue
+        exchange = await channel.declare_exchange(name, aio_pika.ExchangeType.FANOUT,
+                                                  durable=True)
+        if name not in self._declared:
+            queue = await channel.declare_queue(name, durable=True)
+            await queue.bind(exchange)
+            self._declared.add(name)
+        return exchange
 
     async def publish(self, queue: str, body: bytes) -> None:
         if len(body) > self.max_message_bytes:
@@ -128,28 +171,38 @@ class AmqpTransport:
         else:
             await self._send(queue, body, False)
 
-    async def _send(self, queue: str, body: bytes, bundle: bool) -> None:
+    async def _send(self, queue: str, body: bytes, bundle: bool,
+                    headers: FieldTable | None = None) -> None:
         """One AMQP message, returning once the broker confirmed it."""
         message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                                   content_type=BUNDLE_TYPE if bundle else None)
+                                   content_type=BUNDLE_TYPE if bundle else None,
+                                   headers=headers)
+        await self._confirmed(queue, message, to_dead_letters=False)
+
+    async def _confirmed(self, queue: str, message: aio_pika.Message, *,
+                         to_dead_letters: bool) -> None:
+        """Publish `message` to `queue` (or to the dead-letter exchange), once confirmed."""
         give_up = time.monotonic() + _PUBLISH_PATIENCE
         pause = 0.05
         redeclared = False
         while True:
             _, channel = await self._connect()
             try:
-                if queue not in self._declared:
-                    await self._declare(channel, queue)
-                    self._declared.add(queue)
+                if to_dead_letters:
+                    exchange = await self._declare_dead_letters(channel)
+                else:
+                    if queue not in self._declared:
+                        await self._declare(channel, queue)
+                        self._declared.add(queue)
+                    exchange = channel.default_exchange
                 # returns once the broker confirmed (publisher confirms)
-                await channel.default_exchange.publish(message, routing_key=queue,
-                                                       mandatory=True)
+                await exchange.publish(message, routing_key=queue, mandatory=True)
                 return
             except aiormq.exceptions.PublishError:
                 # returned unroutable: the queue was deleted since we declared it
                 if redeclared:
                     raise TransportError(f"RabbitMQ cannot route a message to {queue}") from None
-                self._declared.discard(queue)
+                self._declared.discard(self.dead_letter_queue if to_dead_letters else queue)
                 redeclared = True
             except aiormq.exceptions.DeliveryError as error:
                 raise TransportError(f"RabbitMQ refused a message to {queue}: {error}") from error
@@ -176,28 +229,36 @@ class AmqpTransport:
             await channel.set_qos(prefetch_count=max(1, prefetch))
             declared = await self._declare(channel, queue)
 
-            async def handle(body: bytes) -> bool:
+            async def handle(body: bytes) -> Exception | None:
+                """The handler's error, if it raised (bounded by the slots)."""
                 async with slots:
                     try:
                         await handler(body)
-                    except Exception:
-                        log.warning("handler for %s failed; the message will be redelivered",
-                                    queue, exc_info=True)
-                        return False
-                    return True
+                    except Exception as error:
+                        log.debug("handler for %s raised", queue, exc_info=True)
+                        return error
+                    return None
 
             async def on_message(message: AbstractIncomingMessage) -> None:
                 task = asyncio.current_task()
                 assert task is not None
                 running.add(task)
                 try:
+                    # failed deliveries before this one; a redelivery by the broker
+                    # means a consumer died holding it: one more
+                    headers = message.headers or {}
+                    before = int(_number(headers.get(_DELIVERIES))) + bool(message.redelivered)
+                    first_seen = float(_number(headers.get(_FIRST_SEEN)))
                     if message.content_type != BUNDLE_TYPE:
-                        handled = await handle(message.body)
+                        failed = [(message.body, await handle(message.body))]
                     else:
-                        handled = await self._handle_bundle(queue, message.body, handle)
-                    if handled:
+                        failed = await self._handle_bundle(queue, message.body, handle)
+                    settled = await asyncio.gather(*(
+                        self._after_failure(queue, body, before + 1, first_seen, error)
+                        for body, error in failed if error is not None))
+                    if all(settled):
                         await message.ack()
-                    else:
+                    else:  # could not be sent again: the broker keeps the whole message
                         await message.nack(requeue=True)
                 except _CONNECTION_ERRORS as error:
                     # the channel is gone: the broker redelivers the unacked message
@@ -227,23 +288,75 @@ class AmqpTransport:
                         await channel.close()
 
     async def _handle_bundle(self, queue: str, payload: bytes,
-                             handle: Callable[[bytes], Awaitable[bool]]) -> bool:
-        """Handle each message of a bundle; True once all are handled or sent again."""
+                             handle: Callable[[bytes], Awaitable[Exception | None]]
+                             ) -> list[tuple[bytes, Exception | None]]:
+        """Handle each message of a bundle; each body with its handler's error, if any."""
         try:
             bodies = decode_bundle(payload)
-        except msgspec.DecodeError as error:  # redelivering it would not help
-            log.error("dropping a malformed bundle from %s: %s", queue, error)
-            return True
-        handled = await asyncio.gather(*(handle(body) for body in bodies))
-        failed = [body for body, ok in zip(bodies, handled, strict=True) if not ok]
-        if not failed:
-            return True
-        # only the messages whose handler raised come again, not their neighbours
+        except msgspec.DecodeError as error:  # the bundle itself is the dead letter
+            return [(payload, MalformedMessage(f"not a bundle: {error}"))]
+        errors = await asyncio.gather(*(handle(body) for body in bodies))
+        return list(zip(bodies, errors, strict=True))
+
+    async def _after_failure(self, queue: str, body: bytes, deliveries: int,
+                             first_seen: float, error: Exception) -> bool:
+        """Send a message that failed its `deliveries`-th delivery again after the backoff,
+        or to the dead letters (R3). True once it is safely on its way."""
+        first_seen = first_seen or time.time()
         try:
-            await asyncio.gather(*(self.publish(queue, body) for body in failed))
-        except TransportError:
-            return False  # the whole bundle comes again
+            if isinstance(error, MalformedMessage) or self.policy.exhausted(deliveries):
+                letter = letter_for(queue, body, error, deliveries=deliveries,
+                                    first_seen=first_seen)
+                await self._confirmed(queue, _dead_letter_message(letter), to_dead_letters=True)
+                log_dead_letter(log, letter)
+            else:
+                # held (unacked) meanwhile, so a crash now loses nothing
+                await asyncio.sleep(self.policy.delay(deliveries))
+                await self._send(queue, body, False, {_DELIVERIES: deliveries,
+                                                      _FIRST_SEEN: first_seen})
+        except TransportError as failure:
+            log.info("could not send a failed message of %s on: %s", queue, failure)
+            # it comes straight back when nacked: the pause keeps that from spinning
+            await asyncio.sleep(self.policy.delay(deliveries))
+            return False
         return True
+
+    # ------------------------------------------------------------ dead letters (R3)
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        return await self._peek(lambda letters: len(letters) >= limit)
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        letters = await self._peek(lambda letters: letters[-1].id == letter_id)
+        return letters[-1] if letters and letters[-1].id == letter_id else None
+
+    async def _peek(self, enough: Callable[[list[DeadLetter]], bool]) -> list[DeadLetter]:
+        """The dead-letter queue's messages from its head until `enough`, left in place:
+        taken unacked and handed back, in order, when the channel closes."""
+        connection, _ = await self._connect()
+        letters: list[DeadLetter] = []
+        try:
+            async with connection.channel(publisher_confirms=False) as channel:
+                await self._declare_dead_letters(channel)
+                queue = await channel.get_queue(self.dead_letter_queue)
+                while not letters or not enough(letters):
+                    message = await queue.get(no_ack=False, fail=False, timeout=_PEEK_TIMEOUT)
+                    if message is None:
+                        break
+                    letters.append(_letter_from(message))
+        except (aiormq.exceptions.AMQPError, *_CONNECTION_ERRORS) as error:
+            raise TransportError(f"cannot read the dead letters: {error!r}") from error
+        return letters
+
+    async def purge_dead_letters(self) -> int:
+        connection, _ = await self._connect()
+        try:
+            async with connection.channel(publisher_confirms=False) as channel:
+                await self._declare_dead_letters(channel)
+                queue = await channel.get_queue(self.dead_letter_queue)
+                purged = await queue.purge()
+        except (aiormq.exceptions.AMQPError, *_CONNECTION_ERRORS) as error:
+            raise TransportError(f"cannot purge the dead letters: {error!r}") from error
+        return int(purged.message_count or 0)
 
     def has_consumer(self, queue: str) -> bool:
         return self._consumed.get(queue, 0) > 0
@@ -265,11 +378,13 @@ def _retrieve(task: asyncio.Task[tuple[AbstractRobustConnection, AbstractChannel
         task.exception()
 
 
-def _split_url(url: str) -> tuple[str, FieldTable]:
-    """The URL for aio-pika, and the queue arguments our own query parameters ask for."""
+def _split_url(url: str) -> tuple[str, FieldTable, DeliveryPolicy, str]:
+    """The URL for aio-pika; the queue arguments, delivery policy and dead-letter
+    queue our own query parameters ask for."""
     parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
+    policy, query = split_policy(parts.query)
     arguments: FieldTable = {}
+    dead_letters = DEAD_LETTERS
     rest = []
     for key, value in query:
         if key == "queue_expires":
@@ -278,16 +393,38 @@ def _split_url(url: str) -> tuple[str, FieldTable]:
             except ValueError:
                 raise ConfigurationError(
                     f"queue_expires must be a number of seconds, got {value!r}") from None
+        elif key == "dead_letters":
+            dead_letters = value
         else:
             rest.append((key, value))
     if not any(key == "reconnect_interval" for key, _ in rest):
         # aio-pika waits 5 s between attempts; a restarted broker is back sooner than that
         rest.append(("reconnect_interval", str(_RECONNECT_INTERVAL)))
-    return urlunsplit(parts._replace(query=urlencode(rest))), arguments
+    return (urlunsplit(parts._replace(query=urlencode(rest))), arguments, policy,
+            dead_letters)
 
 
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+def _number(value: object) -> int | float:
+    """A numeric header's value; 0 when absent or not a number (a foreign message)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def _dead_letter_message(letter: DeadLetter) -> aio_pika.Message:
+    return aio_pika.Message(
+        letter.body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=letter.id,
+        headers={_QUEUE: letter.queue, _REASON: letter.reason, _DELIVERIES: letter.deliveries,
+                 _FIRST_SEEN: letter.first_seen, _DEAD_AT: letter.at})
+
+
+def _letter_from(message: AbstractIncomingMessage) -> DeadLetter:
+    """A dead letter as the dead-letter queue holds it (or any message an operator's
+    policy routed there: what it lacks is left empty)."""
+    headers = message.headers or {}
+    at = float(_number(headers.get(_DEAD_AT)))
+    return DeadLetter(id=message.message_id or f"tag-{message.delivery_tag}",
+                      queue=str(headers.get(_QUEUE) or message.routing_key or ""),
+                      reason=str(headers.get(_REASON) or "(dead-lettered by the broker)"),
+                      deliveries=int(_number(headers.get(_DELIVERIES))),
+                      first_seen=float(_number(headers.get(_FIRST_SEEN))) or at,
+                      at=at, body=message.body)
+

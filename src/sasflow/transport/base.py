@@ -11,7 +11,10 @@ suite in tests/contract/.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Handler", "Transport", "agent_queue", "carries_bundles",
            "reply_queue"]
@@ -19,7 +22,10 @@ __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Handler", "Transport", "agent_queue", "
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
 # Called with each message body; the message is acked when it returns, and
-# redelivered if it raises or the process dies first.
+# redelivered if it raises or the process dies first: after a backoff, and at
+# most the delivery policy's number of times before it becomes a dead letter.
+# A handler raises MalformedMessage (dead_letter.py) for a body it cannot
+# decode: that message is a dead letter at once (R3).
 Handler = Callable[[bytes], Awaitable[None]]
 
 
@@ -65,6 +71,16 @@ class Transport(Protocol):
 
     def has_consumer(self, queue: str) -> bool:
         """Whether this process consumes `queue` (in-process transports only route locally)."""
+        ...
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """The messages no consumer could handle (R3), oldest first."""
+        ...
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None: ...
+
+    async def purge_dead_letters(self) -> int:
+        """Forget every dead letter; how many there were."""
         ...
 
     async def close(self) -> None: ...

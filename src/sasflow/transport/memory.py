@@ -3,63 +3,125 @@
 Queues live in this process only, so a request reaches an agent of the same
 process; that is what the embedded mode wants (each worker process runs its own
 scheduler and agents over the shared SQLite store). A handler that raises has
-its message put back, as a broker would redeliver it.
+its message put back after a backoff, as a broker would redeliver it, until
+the delivery policy gives up on it; it is then a dead letter (R3,
+dead_letter.py). Dead letters must outlive the process that found them, so
+they go to the box the application opens for them (its state store); a
+transport used on its own keeps them in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 
 from sasflow.errors import TransportError
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
+from sasflow.transport.dead_letter import (
+    DEFAULT_POLICY,
+    BoxOpener,
+    DeadLetter,
+    DeadLetterBox,
+    DeliveryPolicy,
+    ListBox,
+    MalformedMessage,
+    describe,
+    letter_for,
+    log_dead_letter,
+)
 
 __all__ = ["MemoryTransport"]
+
+log = logging.getLogger("sasflow.transport.memory")
+
+
+class _Message:
+    """A body with what its failed deliveries so far tell."""
+
+    __slots__ = ("body", "failures", "first_seen")
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.failures = 0
+        self.first_seen = 0.0
 
 
 class MemoryTransport:
     shared = False
 
-    def __init__(self, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 policy: DeliveryPolicy = DEFAULT_POLICY,
+                 dead_letter_box: BoxOpener | None = None) -> None:
         self.max_message_bytes = max_message_bytes
-        self._queues: dict[str, asyncio.Queue[bytes]] = {}
+        self.policy = policy
+        self._queues: dict[str, asyncio.Queue[_Message]] = {}
         self._consumed: dict[str, int] = {}
+        self._open_box = dead_letter_box
+        self._box: DeadLetterBox | None = None if dead_letter_box else ListBox()
+        self.stranded = ListBox()  # dead letters the box could not take (the store was down)
+        self._timers: set[asyncio.TimerHandle] = set()
 
-    def _queue(self, name: str) -> asyncio.Queue[bytes]:
+    def _queue(self, name: str) -> asyncio.Queue[_Message]:
         q = self._queues.get(name)
         if q is None:
             q = self._queues[name] = asyncio.Queue()
         return q
+
+    @property
+    def box(self) -> DeadLetterBox:
+        """Where this transport's dead letters are kept (opened on first use)."""
+        if self._box is None:
+            assert self._open_box is not None
+            self._box = self._open_box()
+        return self._box
 
     async def publish(self, queue: str, body: bytes) -> None:
         if len(body) > self.max_message_bytes:
             raise TransportError(
                 f"message of {len(body)} bytes to {queue} is over the limit of"
                 f" {self.max_message_bytes} bytes")
-        self._queue(queue).put_nowait(body)
+        self._queue(queue).put_nowait(_Message(body))
 
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> None:
         q = self._queue(queue)
         slots = asyncio.Semaphore(max(1, prefetch))
         running: set[asyncio.Task[None]] = set()
         self._consumed[queue] = self._consumed.get(queue, 0) + 1
+        loop = asyncio.get_running_loop()
 
-        async def handle(body: bytes) -> None:
+        def put_back_later(message: _Message) -> None:
+            def put_back() -> None:
+                self._timers.discard(timer)
+                q.put_nowait(message)
+            # the slot is free meanwhile: a failing message holds up no other
+            timer = loop.call_later(self.policy.delay(message.failures), put_back)
+            self._timers.add(timer)
+
+        async def handle(message: _Message) -> None:
             try:
-                await handler(body)
+                await handler(message.body)
             except asyncio.CancelledError:
-                q.put_nowait(body)  # not acked: redeliver
+                q.put_nowait(message)  # not acked: redeliver, this delivery not counted
                 raise
-            except Exception:
-                q.put_nowait(body)
+            except Exception as error:
+                message.failures += 1
+                message.first_seen = message.first_seen or time.time()
+                if isinstance(error, MalformedMessage) or self.policy.exhausted(
+                        message.failures):
+                    await self._dead_letter(queue, message, error)
+                else:
+                    log.debug("handler for %s raised; delivering again", queue, exc_info=True)
+                    put_back_later(message)
             finally:
                 slots.release()
 
         try:
             while True:
                 await slots.acquire()
-                body = await q.get()
-                task = asyncio.ensure_future(handle(body))
+                message = await q.get()
+                task = asyncio.ensure_future(handle(message))
                 running.add(task)
                 task.add_done_callback(running.discard)
         finally:
@@ -69,6 +131,27 @@ class MemoryTransport:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*running, return_exceptions=True)
 
+    async def _dead_letter(self, queue: str, message: _Message, error: Exception) -> None:
+        letter = letter_for(queue, message.body, error, deliveries=message.failures,
+                            first_seen=message.first_seen)
+        try:
+            await self.box.add_dead_letter(letter)
+        except Exception as failure:
+            # the store is down: kept here (and in the log) rather than retried hot
+            log.warning("could not keep dead letter %s (%s); kept in this process only",
+                        letter.id, describe(failure))
+            await self.stranded.add_dead_letter(letter)
+        log_dead_letter(log, letter)
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        return await self.box.dead_letters(limit=limit)
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        return await self.box.dead_letter(letter_id)
+
+    async def purge_dead_letters(self) -> int:
+        return await self.box.purge_dead_letters()
+
     async def ping(self) -> None:
         """In-process queues are always there."""
 
@@ -76,4 +159,7 @@ class MemoryTransport:
         return self._consumed.get(queue, 0) > 0
 
     async def close(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
         self._queues.clear()

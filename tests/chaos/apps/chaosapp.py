@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -174,7 +175,8 @@ def _dump_tasks(signum: int, frame: object) -> None:
         print(f"--- task {task.get_name()}:\n    " + "\n    ".join(chain), file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, build: Callable[[str], App] | None = None) -> None:
+    """Run a worker of `build`'s application (this one's by default) until killed."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
     parser.add_argument("--instance-id", required=True)
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGUSR2, _dump_tasks)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {args.instance_id} %(name)s %(message)s")
-    build_app(args.store).run(roles=args.roles.split(","), concurrency=args.concurrency,
+    (build or build_app)(args.store).run(roles=args.roles.split(","), concurrency=args.concurrency,
                               supervisor_interval=args.interval,
                               instance_id=args.instance_id)
 

@@ -135,7 +135,9 @@ class Cluster:
 
     # ------------------------------------------------------------ processes
     def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
-              slow: float | None = None, hang_at: Iterable[str] = ()) -> Worker:
+              slow: float | None = None, hang_at: Iterable[str] = (),
+              script: str = "chaosapp.py") -> Worker:
+        """A worker process running `script` (an application of apps/) with these roles."""
         env = dict(os.environ)
         env.update({chaosapp.EFFECTS_ENV: str(self.effects_path),
                     chaosapp.PARENT_ENV: str(os.getpid()),
@@ -148,7 +150,7 @@ class Cluster:
         log = self.root / f"{name}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, str(APPS / "chaosapp.py"), "--store", self.store_url,
+                [sys.executable, str(APPS / script), "--store", self.store_url,
                  "--instance-id", name, "--roles", ",".join(roles),
                  "--concurrency", str(concurrency), "--interval", str(chaosapp.INTERVAL)],
                 env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)

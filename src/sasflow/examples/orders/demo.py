@@ -43,6 +43,7 @@ from sasflow.examples.orders.app import REMOTE_ENV, build_app
 from sasflow.examples.orders.orders import WORKFLOW, place_orders, sample_orders
 from sasflow.examples.orders.remote import Faults, RemoteService
 from sasflow.model import TERMINAL_TASK_STATES, TaskState
+from sasflow.redact import redact
 from sasflow.store.sqlite import SQLiteStore
 
 __all__ = ["DEFAULT_FAULTS", "run_demo"]
@@ -77,7 +78,8 @@ def run_demo(orders: int = 200, workers: int = 3, chaos: bool = False,
               file=sys.stderr)
         return 2
     if store is not None and not store.startswith("sqlite:"):
-        print(f"sasflow demo: the demo runs on the embedded SQLite store, not {store!r}",
+        print("sasflow demo: the demo runs on the embedded SQLite store,"
+              f" not {redact(store)!r}",
               file=sys.stderr)
         return 2
     limit = deadline if deadline is not None else max(DEADLINE, 0.2 * orders)

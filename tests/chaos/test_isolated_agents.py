@@ -1,0 +1,58 @@
+"""A process-isolated agent call does not outlive the agent's process (SPEC S5, M5)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).parent / "apps" / "isolatedagent.py"
+
+pytestmark = pytest.mark.chaos
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie nobody reaped yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(done: Callable[[], bool], what: str, guard: float = 60.0) -> None:
+    """Poll `done()` until true; the guard only stops a hang."""
+    give_up = time.monotonic() + guard
+    while not done():
+        assert time.monotonic() < give_up, f"still waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_sigkilled_agent_takes_its_hung_call_with_it(tmp_path: Path) -> None:
+    """SIGKILL of the process that serves the agent: the worker process running its
+    hung call dies too, so the call can never apply its effect after the deadline
+    that nobody is left to enforce."""
+    noted = tmp_path / "hung.pid"
+    agent = subprocess.Popen([sys.executable, str(APP), str(tmp_path)])
+    hung = 0
+    try:
+        wait_until(noted.exists, "the call to start")
+        hung = int(noted.read_text())
+        assert running(hung)
+        agent.send_signal(signal.SIGKILL)
+        assert agent.wait(timeout=60) == -signal.SIGKILL
+        wait_until(lambda: not running(hung), f"worker process {hung} to die")
+        assert not (tmp_path / "shipped").exists()
+    finally:
+        agent.kill()
+        agent.wait(timeout=60)
+        if hung and running(hung):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(hung, signal.SIGKILL)

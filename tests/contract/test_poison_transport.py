@@ -1,0 +1,160 @@
+"""One poison message on a scheduler's reply queue or an agent's request queue, on every
+transport, under a running App (SPEC R3, U7; issue 8, item 1.3).
+
+Before: a non-JSON reply was redelivered about 1,600 times a second on RabbitMQ
+(with a traceback each time) and re-added about 2,000 times a second on Redis,
+burning most of a core until someone purged the queue. Now it is a dead letter
+on its first delivery, logged once, and the worker goes on serving tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sasflow import AgentRequest, App, Step, TaskState
+from sasflow.transport import DeadLetter, agent_queue, reply_queue
+from support.services import RABBITMQ, REDIS, require
+
+INSTANCE = "poison-worker"
+
+
+def memory_url(run: str) -> str:
+    return "memory"
+
+
+def redis_url(run: str) -> str:
+    require("redis")
+    return f"{REDIS}?prefix=sasflow-poison-{run}:"
+
+
+def rabbitmq_url(run: str) -> str:
+    require("rabbitmq")
+    return f"{RABBITMQ}?queue_expires=20&dead_letters=poison-{run}.dead-letters"
+
+
+TRANSPORTS: dict[str, Callable[[str], str]] = {
+    "memory": memory_url, "redis": redis_url, "rabbitmq": rabbitmq_url}
+
+
+@dataclass
+class Running:
+    app: App
+    replies: str  # its scheduler's reply queue
+
+
+@pytest.fixture(params=sorted(TRANSPORTS))
+async def running(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Running]:
+    """An App with one agent, running all roles in this event loop, on a private store,
+    private queues and private dead letters."""
+    run = uuid.uuid4().hex[:10]
+    # agents' queues are private to the test through their names
+    shop = App(store=f"sqlite:///{tmp_path / 'poison.db'}",
+               transport=TRANSPORTS[request.param](run))
+
+    @shop.agent(f"echo-{run}")
+    async def echo(req: AgentRequest) -> Any:
+        return req.input
+
+    shop.workflow("echo", [Step("echo", agent=f"echo-{run}", timeout=30.0)])
+    instance = f"{INSTANCE}-{run}"
+    roles = asyncio.create_task(shop.arun(instance_id=instance))
+    yield Running(shop, reply_queue(instance))
+    roles.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await roles
+    with contextlib.suppress(Exception):
+        await shop.transport.purge_dead_letters()
+    if request.param == "rabbitmq":
+        await _delete_amqp(f"poison-{run}.dead-letters")
+    await shop.transport.close()
+    await shop.store.close()
+
+
+async def _delete_amqp(name: str) -> None:
+    import aio_pika
+
+    connection = await aio_pika.connect(RABBITMQ)
+    async with connection:
+        channel = await connection.channel()
+        await channel.queue_delete(name)
+        await channel.exchange_delete(name)
+
+
+async def dead_letters_of(app: App, queues: set[str]) -> dict[str, DeadLetter]:
+    """Wait until each of `queues` has its dead letter (positive signal; hang guard only)."""
+    async with asyncio.timeout(30.0):
+        while True:
+            found = {d.queue: d for d in await app.transport.dead_letters()}
+            if queues <= set(found):
+                return found
+            await asyncio.sleep(0.05)
+
+
+async def test_poison_on_the_reply_and_request_queues_is_dead_lettered_once_and_work_goes_on(
+        running: Running, caplog: pytest.LogCaptureFixture) -> None:
+    """A body that is no reply (on the scheduler's reply queue) and one that is no request
+    (on the agent's queue) are each delivered once, kept with the reason, logged in one
+    line without a traceback; tasks submitted before and after are processed."""
+    caplog.set_level(logging.INFO)
+    app, replies = running.app, running.replies
+    (agent,) = app.agents
+    requests = agent_queue(agent)
+    before = await app.asubmit("echo", {"n": 1})
+    assert (await app.await_(before, timeout=30)).state is TaskState.PROCESSED
+    await app.transport.publish(replies, b"{not json at all")
+    await app.transport.publish(requests, b'{"task_id": 7}')  # JSON, but no request
+    letters = await dead_letters_of(app, {replies, requests})
+    after = await app.asubmit("echo", {"n": 2})
+    assert (await app.await_(after, timeout=30)).state is TaskState.PROCESSED
+    assert letters[replies].deliveries == letters[requests].deliveries == 1
+    assert letters[replies].body == b"{not json at all"
+    assert letters[replies].reason.startswith("MalformedMessage: not a reply")
+    assert letters[requests].reason.startswith(f"MalformedMessage: not a request for {agent}")
+    if not app.transport.shared:  # in-process queues die with the process: the store keeps them
+        assert {d.queue for d in await app.store.dead_letters()} == {replies, requests}
+    for queue in (replies, requests):
+        lines = [r for r in caplog.records
+                 if r.levelno >= logging.WARNING and queue in r.getMessage()]
+        assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
+
+
+async def test_a_malformed_status_message_does_not_end_listening(
+        running: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`app.listen(queue)` decodes defensively: a body on the application's status queue
+    that is no status (on the embedded default, a row of the store's outbox) is a dead
+    letter, logged once, not an error raised into the listener, which goes on with the
+    statuses after it."""
+    caplog.set_level(logging.INFO)
+    app = running.app
+    queue = f"shop-{uuid.uuid4().hex[:8]}"
+    if app.transport.shared:
+        await app.transport.publish(queue, b"<status>not json</status>")
+    else:  # the embedded default reads the store's outbox: a bad row written there
+        with contextlib.closing(sqlite3.connect(tmp_path / "poison.db")) as db, db:
+            db.execute("INSERT INTO outbox (queue, body, created_at) VALUES (?, ?, 0)",
+                       (queue, b"<status>not json</status>"))
+    task_id = await app.asubmit("echo", {"n": 3}, reply_to=queue)
+    events = []
+    listening = app.listen(queue)
+    async with asyncio.timeout(30), contextlib.aclosing(listening) as statuses:
+        async for status in statuses:
+            assert status.task_id == task_id
+            events.append(status.event)
+            if status.event == "processed":
+                break
+    assert events[0] == "received" and events[-1] == "processed"
+    letters = await dead_letters_of(app, {queue})
+    assert letters[queue].reason.startswith("MalformedMessage: not a status message")
+    assert letters[queue].body == b"<status>not json</status>"
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING and queue in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
