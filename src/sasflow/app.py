@@ -469,13 +469,18 @@ class App:
         return self
 
     def stop(self) -> None:
-        """Stop the background roles (they hand back the tasks they hold) and close."""
+        """Stop the background roles (they hand back the tasks they hold) and close,
+        the transport too: a broker's connections are not left open behind."""
         background, self._background = self._background, None
         if background is not None:
 
             async def halt() -> None:
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
+                # on the loop the roles used: a broker client is bound to its loop
+                transport, self._transport = self._transport, None
+                if transport is not None:
+                    await transport.close()
 
             self._portal.run(halt())
         self.close()
