@@ -41,6 +41,7 @@ class Worker:
     popen: subprocess.Popen[bytes]
     log: Path
     killed: bool = False  # by the scenario, on purpose
+    stopped: bool = False  # SIGTERMed by the scenario, at the end
 
     @property
     def pid(self) -> int:
@@ -57,6 +58,15 @@ class Worker:
             os.kill(self.pid, signal.SIGKILL)
         self.popen.wait(timeout=10)
 
+    def wait_stopped(self, timeout: float) -> None:
+        """Wait for the exit that a SIGTERM asked for; SIGKILL after `timeout` (a hang
+        guard: the exit status then says it did not stop)."""
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+
     def tail(self, lines: int = 60) -> str:
         try:
             text = self.log.read_text(errors="replace").splitlines()[-lines:]
@@ -65,6 +75,8 @@ class Worker:
         state = "running" if self.alive else f"exited {self.popen.returncode}"
         if self.killed:
             state += ", SIGKILLed by the scenario"
+        elif self.stopped:
+            state += ", SIGTERMed by the scenario"
         return (f"--- {self.name} (roles {self.roles}"
                 f"{', agents ' + self.agents if self.agents else ''}; pid {self.pid}, {state};"
                 f" log {self.log}) ---\n" + "\n".join(text))
@@ -164,7 +176,17 @@ class Cluster:
         return next(w for w in self.workers if w.name == name)
 
     def died_on_their_own(self) -> list[Worker]:
-        return [w for w in self.workers if not w.killed and not w.alive]
+        return [w for w in self.workers if not w.killed and not w.stopped and not w.alive]
+
+    def stop(self, timeout: float = 60.0) -> list[Worker]:
+        """Stop every live worker cleanly, all at once; those that did not exit 0."""
+        live = [w for w in self.workers if w.alive]
+        for worker in live:
+            worker.stopped = True
+            os.kill(worker.pid, signal.SIGTERM)
+        for worker in live:
+            worker.wait_stopped(timeout)
+        return [w for w in live if w.popen.returncode != 0]
 
     def close(self) -> None:
         try:
