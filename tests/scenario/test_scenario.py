@@ -19,6 +19,14 @@ has answered every request it received, so nothing can change any more; then:
 * every compensated task had each completed step undone exactly once, in
   reverse order; a declined order was undone, a processed one never was.
 
+A loaded machine misses step deadlines, and every expiry counts against the
+task's one retry budget (MAX_FAILURES, SPEC S8/E9). A task that used it up ends
+as the policy says: its step given up in doubt and compensated, and its
+compensation, out of budget too, in error at its first expiry. Such a task
+must end compensated or in error, never processed, with the same
+effect checks as every task; only the exact effects of a declined or refused
+order are not required of it.
+
 The broker is RabbitMQ, Redis with an fsynced append-only file (a restart loses
 nothing acknowledged), or Redis without persistence (a restart loses every
 queued request and reply: only the supervisors' step expiry recovers them).
@@ -38,7 +46,7 @@ from typing import Any
 import httpx
 import pytest
 from harness import Broker, Cluster, Postgres
-from scenarioapp import STEPS, UNDO, WORKFLOW, build_app, order_input
+from scenarioapp import MAX_FAILURES, STEPS, UNDO, WORKFLOW, build_app, order_input
 
 from sasflow import App
 from sasflow.errors import StoreError
@@ -83,6 +91,7 @@ class Outcome:
     states: dict[str, str] = field(default_factory=dict)
     expiries: list[float] = field(default_factory=list)  # supervisors' recoveries: when
     redispatched: int = 0  # units dispatched more than once
+    exhausted: set[str] = field(default_factory=set)  # tasks whose retry budget ran out
     problems: list[str] = field(default_factory=list)
 
 
@@ -262,6 +271,8 @@ def check(cluster: Cluster, remote: RemoteService, tasks: int) -> Outcome:
     problems = outcome.problems
     db = cluster.db
     outcome.states = {t: s for t, s in db.must("SELECT task_id, state FROM tasks")}
+    outcome.exhausted = {t for (t,) in db.must(
+        "SELECT task_id FROM tasks WHERE failure_count >= %s", (MAX_FAILURES,))}
     if len(outcome.states) != tasks:
         problems.append(f"{len(outcome.states)} tasks in the store, {tasks} submitted")
     open_tasks = {t: s for t, s in outcome.states.items() if s not in TERMINAL}
@@ -324,13 +335,17 @@ def check(cluster: Cluster, remote: RemoteService, tasks: int) -> Outcome:
             task = f"order-{n}"
             applied = client.get("/effects", params={"order_id": n}).json()
             problems += check_order(task, n, outcome.states.get(task), applied, units,
-                                    committed)
+                                    committed, exhausted=task in outcome.exhausted)
     return outcome
 
 
 def check_order(task: str, n: int, state: str | None, applied: list[str],
                 units: dict[tuple[str, str, str], tuple[str, bool, Any, str]],
-                committed: dict[tuple[str, str, str], list[tuple[str, int]]]) -> list[str]:
+                committed: dict[tuple[str, str, str], list[tuple[str, int]]], *,
+                exhausted: bool = False) -> list[str]:
+    """What is wrong with order n, given the effects the remote `applied` to it and the
+    store's units; `exhausted`: the task used up its retry budget (see the module's
+    docstring)."""
     problems: list[str] = []
     where = f"{task} ({state}): remote effects {applied}"
     twice = [op for op, count in Counter(applied).items() if count > 1]
@@ -372,6 +387,10 @@ def check_order(task: str, n: int, state: str | None, applied: list[str],
             problems.append(f"{where}: processed, expected {list(STEPS)}")
         if order["card"] == "declined" or order["refuse_ship"]:
             problems.append(f"{where}: processed although it must fail")
+    if exhausted:
+        if state not in (TaskState.COMPENSATED, TaskState.ERROR):
+            problems.append(f"{where}: its retries ran out, yet it ended {state}")
+        return problems
     if order["card"] == "declined" and (state, applied) != ("compensated", ["reserve", "release"]):
         problems.append(f"{where}: a declined card must end compensated by a release")
     if order["refuse_ship"] and (state, applied) != (
@@ -386,7 +405,7 @@ def summary(broker: Broker, outcome: Outcome, remote: RemoteService, finished: f
     states = Counter(outcome.states.values())
     print(f"{broker.kind}: {len(outcome.states)} tasks, all terminal {finished:.1f}s after the"
           f" first submission: {dict(states)}; {outcome.redispatched} units dispatched more"
-          f" than once")
+          f" than once; {len(outcome.exhausted)} tasks used up their retries")
     # when the supervisors recovered expired units: 0 s is the first event
     first = events[0].wall
     buckets = Counter(int((at - first) // 3) * 3 for at in outcome.expiries)
