@@ -436,8 +436,8 @@ class Plan:
         """The Transition that moves `task` to `state`, fenced on how it was read."""
         transition = Transition(
             task_id=task.task_id, actor=actor, why=why, epoch=fence.epoch,
-            from_state=fence.state, owner=fence.owner, from_cursor=fence.cursor,
-            expired_before=fence.expired_before,
+            from_state=fence.state, owner=fence.owner, from_phase=fence.phase,
+            from_cursor=fence.cursor, expired_before=fence.expired_before,
             state=state, phase=task.phase, cursor=task.cursor, locked_by=locked_by,
             complete_by=complete_by, available_at=available_at,
             failure_count=task.failure_count,
@@ -455,10 +455,10 @@ def _names(shape: list[tuple[str, str]]) -> str:
 class _Fence:
     """How the task was read: the transition applies only if it is still so."""
 
-    __slots__ = ("claim", "cursor", "epoch", "expired_before", "owner", "state")
+    __slots__ = ("claim", "cursor", "epoch", "expired_before", "owner", "phase", "state")
 
     def __init__(self, task: Task, *, owner: str | None, claim: bool = False,
                  expired_before: float | None = None) -> None:
         self.epoch, self.state, self.owner = task.epoch, task.state, owner
-        self.cursor = task.cursor
+        self.phase, self.cursor = task.phase, task.cursor  # the unit it was read at
         self.claim, self.expired_before = claim, expired_before

@@ -299,7 +299,8 @@ async def test_the_store_refuses_a_move_the_lifecycle_forbids(store: Store,
     """Stores check model.can_move: processed -> pending is refused with StoreError."""
     await submitted(store, "order-1")
     forbidden = Transition(task_id="order-1", actor="x", why="bad", epoch=0,
-                           from_state=T.PROCESSED, owner=None, state=T.PENDING,
+                           from_state=T.PROCESSED, owner=None, from_phase=Phase.DO,
+                           from_cursor=0, state=T.PENDING,
                            phase=Phase.DO, cursor=0, locked_by=None, failure_count=0)
     with pytest.raises(StoreError):
         await store.apply(forbidden)
@@ -391,6 +392,47 @@ async def test_an_expiry_decided_before_the_deadline_is_not_applied(store: Store
     early = PLANS["order"].expire(task, "sup", clock.now + 1)
     assert not await store.apply(early)
     assert (await fresh(store, "order-1")).state is T.PROCESSING
+
+
+async def test_an_expiry_read_before_the_reply_landed_does_not_undo_the_step(
+        store: Store, clock: Clock) -> None:
+    """A reply whose write landed after the next step's complete-by (the database was
+    down meanwhile) leaves the task in the same epoch, state and owner; the expiry the
+    supervisor read before it must not roll the completed step back to be run again."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    clock.advance(4.9)  # the reply comes just before reserve's complete-by...
+    reply = plan.reply(task, "s1", True, {"sku": 7}, None, clock.now)
+    clock.advance(10.2)  # ...but its write lands past charge's: already expired
+    [seen] = await store.expired(10)  # the supervisor reads reserve running, expired
+    assert (seen.cursor, seen.steps[0].state) == (0, S.RUNNING)
+    assert await store.apply(reply)
+    assert not await store.apply(plan.expire(seen, "sup", clock.now))
+    stored = await fresh(store, "order-1")
+    assert (stored.cursor, stored.steps[0].state, stored.steps[0].result) == (
+        1, S.COMPLETED, {"sku": 7})
+    [expired] = await store.expired(10)  # charge's own expiry, read now, applies
+    assert await store.apply(plan.expire(expired, "sup", clock.now))
+    stored = await fresh(store, "order-1")
+    assert (stored.cursor, stored.steps[0].state, stored.steps[1].state) == (
+        1, S.COMPLETED, S.PENDING)
+
+
+async def test_an_operator_action_read_before_a_reply_landed_is_refused(
+        store: Store, clock: Clock) -> None:
+    """An operator's compensation planned from the task before the scheduler's reply
+    advanced it (same epoch, state and owner) is refused: applied, it would undo from
+    the step it read and leave the running one's effect never undone."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    read = await fresh(store, "order-1")
+    assert await store.apply(plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
+    assert not await store.apply(plan.compensate(read, clock.now))
+    stored = await fresh(store, "order-1")
+    assert (stored.state, stored.cursor, stored.locked_by) == (T.PROCESSING, 1, "s1")
+    assert await store.apply(plan.compensate(stored, clock.now))  # read again: it applies
 
 
 async def test_concurrent_supervisors_count_an_expiry_once(store: Store, clock: Clock) -> None:

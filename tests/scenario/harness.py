@@ -42,6 +42,7 @@ class Worker:
     popen: subprocess.Popen[bytes]
     log: Path
     killed: bool = False  # by the scenario, on purpose
+    stopped: bool = False  # SIGTERMed by the scenario, at the end
 
     @property
     def pid(self) -> int:
@@ -84,6 +85,15 @@ class Worker:
         stat = Path(f"/proc/{self.pid}/stat").read_text()
         return stat[stat.rindex(")") + 2]
 
+    def wait_stopped(self, timeout: float) -> None:
+        """Wait for the exit that a SIGTERM asked for; SIGKILL after `timeout` (a hang
+        guard: the exit status then says it did not stop)."""
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+
     def tail(self, lines: int = 60) -> str:
         try:
             text = self.log.read_text(errors="replace").splitlines()[-lines:]
@@ -92,6 +102,8 @@ class Worker:
         state = "running" if self.alive else f"exited {self.popen.returncode}"
         if self.killed:
             state += ", SIGKILLed by the scenario"
+        elif self.stopped:
+            state += ", SIGTERMed by the scenario"
         return (f"--- {self.name} (roles {self.roles}"
                 f"{', agents ' + self.agents if self.agents else ''}; pid {self.pid}, {state};"
                 f" log {self.log}) ---\n" + "\n".join(text))
@@ -215,7 +227,17 @@ class Cluster:
         return next(w for w in self.workers if w.name == name)
 
     def died_on_their_own(self) -> list[Worker]:
-        return [w for w in self.workers if not w.killed and not w.alive]
+        return [w for w in self.workers if not w.killed and not w.stopped and not w.alive]
+
+    def stop(self, timeout: float = 60.0) -> list[Worker]:
+        """Stop every live worker cleanly, all at once; those that did not exit 0."""
+        live = [w for w in self.workers if w.alive]
+        for worker in live:
+            worker.stopped = True
+            os.kill(worker.pid, signal.SIGTERM)
+        for worker in live:
+            worker.wait_stopped(timeout)
+        return [w for w in live if w.popen.returncode != 0]
 
     def close(self) -> None:
         try:

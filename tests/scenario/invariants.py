@@ -55,6 +55,7 @@ class Outcome:
     states: dict[str, str] = field(default_factory=dict)
     expiries: list[float] = field(default_factory=list)  # supervisors' recoveries: when
     redispatched: int = 0  # units dispatched more than once
+    exhausted: set[str] = field(default_factory=set)  # tasks whose retry budget ran out
     problems: list[str] = field(default_factory=list)
 
 
@@ -72,6 +73,8 @@ def check(cluster: Cluster, remote: RemoteService, tasks: int, *,
     problems = outcome.problems
     db = cluster.db
     outcome.states = {t: s for t, s in db.must("SELECT task_id, state FROM tasks")}
+    outcome.exhausted = {t for (t,) in db.must(
+        "SELECT task_id FROM tasks WHERE failure_count >= %s", (max_failures,))}
     if len(outcome.states) != tasks:
         problems.append(f"{len(outcome.states)} tasks in the store, {tasks} submitted")
     open_tasks = {t: s for t, s in outcome.states.items() if s not in TERMINAL}
@@ -136,7 +139,8 @@ def check(cluster: Cluster, remote: RemoteService, tasks: int, *,
             state = outcome.states.get(task)
             problems += check_order(task, state, applied, units, committed)
             if expected:
-                problems += check_expected(task, inputs(n), state, applied)
+                problems += check_expected(task, inputs(n), state, applied,
+                                           exhausted=task in outcome.exhausted)
     problems += check_bounded_retries(cluster, max_failures)
     problems += check_history_chain(cluster)
     return outcome
@@ -185,8 +189,10 @@ def check_order(task: str, state: str | None, applied: list[str],
 
 
 def check_expected(task: str, order: dict[str, Any], state: str | None,
-                   applied: list[str]) -> list[str]:
-    """The end scenarioapp.py promises for the order's input."""
+                   applied: list[str], *, exhausted: bool = False) -> list[str]:
+    """The end scenarioapp.py promises for the order's input; `exhausted`: the task
+    used up its retry budget, so it must only end compensated or in error (the
+    policy's end), not exactly as its input says."""
     problems: list[str] = []
     where = f"{task} ({state}): remote effects {applied}"
     if order.get("refund_fault"):
@@ -197,6 +203,10 @@ def check_expected(task: str, order: dict[str, Any], state: str | None,
             problems.append(f"{where}: processed, expected {list(STEPS)}")
         if failing:
             problems.append(f"{where}: processed although it must fail")
+    if exhausted:
+        if state not in (TaskState.COMPENSATED, TaskState.ERROR):
+            problems.append(f"{where}: its retries ran out, yet it ended {state}")
+        return problems
     if order["card"] == "declined" and (state, applied) != ("compensated", ["reserve", "release"]):
         problems.append(f"{where}: a declined card must end compensated by a release")
     if order["refuse_ship"] and (state, applied) != (

@@ -55,7 +55,7 @@ UNDO = {"reserve": "release", "charge": "refund"}  # step -> the operation undoi
 # Short windows keep a recovery within seconds: a step whose agent died, or whose
 # request was lost with a broker, expires after STEP_TIMEOUT and is dispatched again.
 STEP_TIMEOUT = 3.0
-MAX_FAILURES = 6  # expiries of one step before it is given up (in doubt) and undone
+MAX_FAILURES = 6  # expiries of one task (all its units) before it is given up and undone
 RETRY_BACKOFF = 0.1
 PARENT_ENV = "SCENARIO_PARENT_PID"
 STALL_ENV = "SCENARIO_STALL_AT"

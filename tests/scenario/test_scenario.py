@@ -8,7 +8,8 @@ unfinished at any time) while, three seconds apart at the least, one scheduler
 SIGKILLed, the broker is crashed (SIGKILL) and started again, then PostgreSQL is
 stopped and started again: crashed (``pg_ctl stop -m immediate``) with RabbitMQ
 and volatile Redis, shut down cleanly (``-m fast``) with Redis. Once every task
-is terminal:
+is terminal, every worker is stopped (SIGTERM, each must exit 0) and the remote
+has answered every request it received, so nothing can change any more; then:
 
 * no task is lost, none is left unfinished;
 * no unit of work was committed twice (by two owners, or twice by one);
@@ -17,6 +18,14 @@ is terminal:
   store, under that unit's idempotency key;
 * every compensated task had each completed step undone exactly once, in
   reverse order; a declined order was undone, a processed one never was.
+
+A loaded machine misses step deadlines, and every expiry counts against the
+task's one retry budget (MAX_FAILURES, SPEC S8/E9). A task that used it up ends
+as the policy says: its step given up in doubt and compensated, and its
+compensation, out of budget too, in error at its first expiry. Such a task
+must end compensated or in error, never processed, with the same
+effect checks as every task; only the exact effects of a declined or refused
+order are not required of it.
 
 The broker is RabbitMQ, Redis with an fsynced append-only file (a restart loses
 nothing acknowledged), or Redis without persistence (a restart loses every
@@ -47,7 +56,7 @@ MAX_TASKS = 2000  # submissions stop here whatever happens
 GAP = 3.0  # seconds between two events at the least: each hits a cluster still recovering
 DRAIN_AFTER = 4.0  # seconds of submissions after the last event
 DEADLINE = 150.0  # for every task to be terminal, from the first submission
-SETTLE = 3.0  # after the last task is terminal: a late duplicate would show by then
+STOP_WITHIN = 60.0  # hang guard: a worker stopping cleanly, the remote's last reply
 # how PostgreSQL goes down: a crash (no shutdown checkpoint, in-flight commits in
 # doubt, WAL replayed at start) or a clean fast shutdown (sessions terminated)
 PG_CRASH = {"rabbitmq": True, "redis": False, "redis-volatile": True}
@@ -185,14 +194,22 @@ def run(cluster: Cluster, submitter: App, postgres: Postgres, broker: Broker,
                 f"{post_mortem(cluster, Outcome(problems=stuck))}\n{cluster.diagnostics()}")
         time.sleep(0.05)
     finished = time.monotonic() - started
-    time.sleep(SETTLE)
+    died = cluster.died_on_their_own()
+    # a late duplicate (a redelivered request, a call still on its way) is seen only
+    # once nothing can act any more: every worker gone, the remote done with them
+    not_clean = cluster.stop(STOP_WITHIN)
+    cluster.wait_for("the remote to answer its last caller",
+                     lambda: remote.open_connections() == 0, timeout=STOP_WITHIN, poll=0.02)
 
     outcome = check(cluster, remote, submitted)
     for event in events:  # each event hit a run in progress
         if event.open == 0 or event.locked == 0:
             outcome.problems.append(f"{event.what} came when no task was in flight")
-    for worker in cluster.died_on_their_own():
+    for worker in died:
         outcome.problems.append(f"{worker.name} exited on its own with status"
+                                f" {worker.popen.returncode}")
+    for worker in not_clean:
+        outcome.problems.append(f"{worker.name} did not stop cleanly on SIGTERM: status"
                                 f" {worker.popen.returncode}")
     summary(broker, outcome, remote, finished, events)
     if outcome.problems:

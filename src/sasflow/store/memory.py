@@ -229,8 +229,8 @@ class MemoryStore:
         if row is None or row.epoch != t.epoch or row.state != t.from_state.value or (
                 row.locked_by != t.owner):
             return False
-        if t.from_cursor is not None and row.cursor != t.from_cursor:
-            return False  # planned at another step than the task is at now
+        if (row.phase, row.cursor) != (t.from_phase.value, t.from_cursor):
+            return False  # planned at another unit than the task is at now
         if t.expired_before is not None and not (
                 row.complete_by is not None and row.complete_by < t.expired_before):
             return False

@@ -148,10 +148,12 @@ def set_values(t: Transition, now: float) -> tuple[Any, ...]:
 
 
 def fence_values(t: Transition) -> tuple[Any, ...]:
-    """The fence of the UPDATE: task id, epoch, state, owner, cursor, expired-before, and
-    the lease's name, holder and epoch (None when the writer holds no lease)."""
+    """The fence of the UPDATE: task id, epoch, state, owner, phase, cursor,
+    expired-before, and the lease's name, holder and epoch (None when the writer holds
+    no lease)."""
     lease = t.lease
-    return (t.task_id, t.epoch, t.from_state.value, t.owner, t.from_cursor, t.expired_before,
+    return (t.task_id, t.epoch, t.from_state.value, t.owner, t.from_phase.value,
+            t.from_cursor, t.expired_before,
             lease and lease.name, lease and lease.holder, lease and lease.epoch)
 
 
