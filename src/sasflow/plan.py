@@ -111,6 +111,21 @@ class Plan:
         fence = _Fence(task, owner=task.locked_by, expired_before=now)
         return self._failed_attempt(task, fence, supervisor, now, "expired")
 
+    def orphan(self, task: Task, supervisor: str, now: float) -> Transition:
+        """The unit at the cursor is held by an instance that is gone (its heartbeat
+        lease lapsed, R2): recover it now rather than at its complete-by.
+
+        Fenced on the owner, epoch and state, and on the unit's complete-by: if the
+        owner was only paused and went on to a later unit meanwhile, nothing is
+        written. Counted as a failed attempt, like an expiry (S8, E7): to the task a
+        dead holder and a step that ran out of time are the same thing, and a step
+        that kills every worker that runs it must reach the workflow's threshold
+        rather than be retried for ever.
+        """
+        fence = _Fence(task, owner=task.locked_by, complete_by_was=task.complete_by)
+        return self._failed_attempt(task, fence, supervisor, now,
+                                    f"holder {task.locked_by} lost its heartbeat lease")
+
     def _failed_attempt(self, task: Task, fence: _Fence, actor: str, now: float,
                         how: str) -> Transition:
         """FailureCount + 1; release below the threshold, else the policy (S8)."""
@@ -337,6 +352,7 @@ class Plan:
         transition = Transition(
             task_id=task.task_id, actor=actor, why=why, epoch=fence.epoch,
             from_state=fence.state, owner=fence.owner, expired_before=fence.expired_before,
+            complete_by_was=fence.complete_by_was,
             state=state, phase=task.phase, cursor=task.cursor, locked_by=locked_by,
             complete_by=complete_by, available_at=available_at,
             failure_count=task.failure_count,
@@ -350,9 +366,11 @@ class Plan:
 class _Fence:
     """How the task was read: the transition applies only if it is still so."""
 
-    __slots__ = ("claim", "epoch", "expired_before", "owner", "state")
+    __slots__ = ("claim", "complete_by_was", "epoch", "expired_before", "owner", "state")
 
     def __init__(self, task: Task, *, owner: str | None, claim: bool = False,
-                 expired_before: float | None = None) -> None:
+                 expired_before: float | None = None,
+                 complete_by_was: float | None = None) -> None:
         self.epoch, self.state, self.owner = task.epoch, task.state, owner
         self.claim, self.expired_before = claim, expired_before
+        self.complete_by_was = complete_by_was

@@ -9,6 +9,16 @@ released (unlocked, pending, claimable after a backoff) for any scheduler to
 take; at the threshold the workflow's policy applies (error + alert,
 compensate, or park).
 
+It also recovers, without waiting for their complete-by, the units held by a
+worker instance that is gone: stopped, or silent past its heartbeat lease (R2).
+A step with a five-minute timeout whose worker was SIGKILLed is then retried
+within the lease and an interval, not five minutes later. The same fences hold
+(owner, epoch, state, the unit's complete-by, the supervisors' lease): if the
+"gone" instance was only paused and went on meanwhile, nothing is written; if
+it wakes after the release, its writes fail their fence and its agents' late
+replies carry the old epoch and are dropped. The released unit runs again only
+through a claim, under a new epoch, so no two runs ever share an epoch.
+
 Several supervisors may run; a lease with an expiry and a fencing epoch elects
 the one that sweeps. When the leader dies its lease runs out and another takes
 over. Each recovery is also fenced with the lease's epoch: a leader that was
@@ -19,8 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
+from sasflow.model import Task
 from sasflow.plan import Plan
 from sasflow.store.base import Store
 from sasflow.transition import LeaseFence, Transition
@@ -88,10 +99,21 @@ class Supervisor:
         return await self.sweep() if epoch is not None else 0
 
     async def sweep(self) -> int:
-        """Recover every expired unit once; returns how many this call recovered."""
+        """Recover every expired unit once, then every unit held by a gone instance;
+        returns how many this call recovered."""
+        expired = await self._recover(self.store.expired, Plan.expire)
+        orphaned = await self._recover(self.store.orphaned, Plan.orphan)
+        if orphaned:
+            log.info("supervisor %s: released %d task(s) held by instances whose"
+                     " heartbeat lease lapsed", self.instance_id, orphaned)
+        return expired + orphaned
+
+    async def _recover(self, find: Callable[[int], Awaitable[list[Task]]],
+                       decide: Callable[[Plan, Task, str, float], Transition]) -> int:
+        """Apply `decide` to every task `find` lists, batch after batch."""
         total = 0
         while True:
-            expired = await self.store.expired(self.batch)
+            expired = await find(self.batch)
             if not expired:
                 return total
             transitions = []
@@ -101,7 +123,7 @@ class Supervisor:
                     log.warning("task %s: workflow %r is not known here", task.task_id,
                                 task.workflow)
                     continue
-                transition = plan.expire(task, self.instance_id, self.store.now())
+                transition = decide(plan, task, self.instance_id, self.store.now())
                 if self.lease_epoch is not None:  # fenced: a deposed leader writes nothing
                     transition.lease = LeaseFence(LEASE_NAME, self.instance_id,
                                                   self.lease_epoch)

@@ -57,6 +57,9 @@ class Transition(msgspec.Struct, kw_only=True):
     from_state: TaskState
     owner: str | None  # locked_by must equal this (None: must be unlocked)
     expired_before: float | None = None  # and complete_by < this (supervisor)
+    # and complete_by still equals this: the unit read is the one still running, not
+    # a later one its owner went on to (supervisor, recovering a gone owner's task)
+    complete_by_was: float | None = None
     lease: LeaseFence | None = None  # and the supervisors' lease still held (M3)
     # the task's new values
     state: TaskState

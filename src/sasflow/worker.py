@@ -4,35 +4,59 @@
 embedded default); a broker transport lets each role run as its own service.
 With a broker, the worker also relays status messages from the store's outbox
 to the queues applications named (E11).
+
+Liveness (R1, R2). Before any role starts, the worker records its first
+heartbeat: the store is reachable, and its clock (on PostgreSQL, the database's)
+has been measured, so the first deadline an agent judges is judged on the
+store's clock. It waits for that as long as it takes. Then, every `heartbeat`
+seconds, it writes its instance row again (`Store.beat`) from the same event
+loop as the roles, so a beat is written only while that loop runs and the store
+answers; a worker that is frozen, wedged or cut off from its store stops
+beating. `sasflow healthcheck --instance-id` reads the row, and supervisors
+release the tasks of an instance whose beat is older than its `heartbeat_lease`.
+On a clean stop the worker says so (`Store.stopped`) after its scheduler has
+handed its tasks back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from sasflow.agent import AgentRuntime
 from sasflow.errors import ConfigurationError
+from sasflow.outage import OutageLog
 from sasflow.scheduler import Scheduler
+from sasflow.store.base import Instance
 from sasflow.supervisor import Supervisor
 from sasflow.transition import Transition
 
 if TYPE_CHECKING:
     from sasflow.app import App
 
-__all__ = ["ROLES", "Worker"]
+__all__ = ["DEFAULT_HEARTBEAT", "ROLES", "Worker"]
 
 log = logging.getLogger("sasflow.worker")
 
 ROLES = ("scheduler", "agent", "supervisor")
+DEFAULT_HEARTBEAT = 2.0  # seconds between heartbeats
+# The default lease: this many heartbeats may be missed (a long GC pause, a slow
+# store) before the instance counts as gone and its tasks are released.
+_LEASE_BEATS = 5
+_FIRST_BEAT_RETRY_MAX_S = 5.0
+_STOPPED_TIMEOUT_S = 5.0
 
 
 class Worker:
     def __init__(self, app: App, *, roles: Collection[str] = ROLES,
                  agents: Collection[str] | None = None, concurrency: int = 64,
                  supervisor_interval: float = 1.0, instance_id: str,
+                 heartbeat: float = DEFAULT_HEARTBEAT, heartbeat_lease: float | None = None,
                  on_applied: Callable[[Transition], None] = lambda t: None) -> None:
         unknown = set(roles) - set(ROLES)
         if unknown or not roles:
@@ -41,6 +65,11 @@ class Worker:
                 f" choose from {', '.join(ROLES)}")
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
+        lease = _LEASE_BEATS * heartbeat if heartbeat_lease is None else heartbeat_lease
+        if not 0 < heartbeat < lease:
+            raise ConfigurationError(
+                f"the heartbeat ({heartbeat:g}s) must be > 0 and shorter than its lease"
+                f" ({lease:g}s)")
         served = list(app.agents) if agents is None else list(agents)
         missing = [a for a in served if a not in app.agents]
         if missing:
@@ -53,23 +82,64 @@ class Worker:
         self.scheduler = Scheduler(store, transport, plans, instance_id=instance_id,
                                    concurrency=concurrency, on_applied=on_applied
                                    ) if "scheduler" in self.roles else None
-        self.agents = AgentRuntime(transport, [app.agents[a] for a in served]
-                                   ) if "agent" in self.roles else None
+        # every complete-by was set on the store's clock: agents judge it on that (R1)
+        self.agents = AgentRuntime(transport, [app.agents[a] for a in served],
+                                   clock=store.now) if "agent" in self.roles else None
         self.supervisor = Supervisor(store, plans, instance_id=instance_id,
                                      interval=supervisor_interval, on_applied=on_applied
                                      ) if "supervisor" in self.roles else None
+        self.heartbeat = heartbeat
+        self.instance = Instance(
+            instance_id=instance_id, host=socket.gethostname(), pid=os.getpid(),
+            roles=[r for r in ROLES if r in self.roles],
+            agents=served if self.agents is not None else [],
+            workflows={name: w.version for name, w in app.workflows.items()}, lease=lease)
+        self._beats = OutageLog(log, f"worker {instance_id}'s heartbeat store")
 
     async def run(self) -> None:
-        """Run the roles until cancelled."""
-        async with asyncio.TaskGroup() as group:
-            if self.agents is not None:
-                group.create_task(self.agents.run())
-            if self.scheduler is not None:
-                group.create_task(self.scheduler.run())
-            if self.supervisor is not None:
-                group.create_task(self.supervisor.run())
-            if self.app.transport.shared:
-                group.create_task(self._relay())
+        """Run the roles until cancelled, beating while they run."""
+        try:
+            await self._first_beat()
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._beat())
+                if self.agents is not None:
+                    group.create_task(self.agents.run())
+                if self.scheduler is not None:
+                    group.create_task(self.scheduler.run())
+                if self.supervisor is not None:
+                    group.create_task(self.supervisor.run())
+                if self.app.transport.shared:
+                    group.create_task(self._relay())
+        finally:
+            # after the scheduler handed its tasks back: the instance holds nothing now
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_STOPPED_TIMEOUT_S):
+                    await self.app.store.stopped(self.instance.instance_id)
+
+    async def _first_beat(self) -> None:
+        """Record the instance, waiting for the store for as long as it takes (R2)."""
+        delay = 0.1
+        while True:
+            try:
+                await self.app.store.beat(self.instance)
+            except Exception as error:  # the store is down or unready: wait for it
+                self._beats.failed(error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _FIRST_BEAT_RETRY_MAX_S)
+            else:
+                self._beats.succeeded()
+                return
+
+    async def _beat(self) -> None:
+        """Renew the instance's row every `heartbeat` seconds while this loop runs."""
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            try:
+                await self.app.store.beat(self.instance)
+            except Exception as error:  # no beat: the probe and the supervisors will see it
+                self._beats.failed(error)
+            else:
+                self._beats.succeeded()
 
     async def _relay(self) -> None:
         """Publish outbox status messages (at least once: acked after publishing)."""

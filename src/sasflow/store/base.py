@@ -63,9 +63,14 @@ class Instance(msgspec.Struct, kw_only=True):
     roles: list[str]
     agents: list[str]  # the agents it serves
     workflows: dict[str, str]  # workflow name -> version, those it can run
+    lease: float = 10.0  # seconds: with no beat since beat_at + lease, it counts as gone
     started_at: float = 0.0
     beat_at: float = 0.0
     stopped_at: float | None = None  # a clean shutdown; None while it runs
+
+    def gone(self, now: float) -> bool:
+        """Stopped, or silent past its lease at `now` (store clock): it holds nothing."""
+        return self.stopped_at is not None or self.beat_at + self.lease < now
 
 
 class OutboxMessage(msgspec.Struct, kw_only=True):
@@ -146,6 +151,11 @@ class Store(Protocol):
 
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         """The instances that have beaten (or only the one named), oldest first."""
+        ...
+
+    async def orphaned(self, limit: int) -> list[Task]:
+        """Locked tasks, with their steps, whose owner is an instance that is gone
+        (`Instance.gone` at the store's now): stopped, or silent past its lease."""
         ...
 
     async def take_outbox(self, queues: Collection[str] | None, limit: int

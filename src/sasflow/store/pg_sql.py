@@ -87,12 +87,13 @@ RETURNING holder, epoch
 
 # A worker instance's heartbeat: its row, renewed; started_at stays as first written.
 BEAT = """
-INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, started_at, beat_at)
+INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, lease, started_at,
+                       beat_at)
 VALUES (%(instance_id)s, %(host)s, %(pid)s, %(roles)s, %(agents)s, %(workflows)s,
-        %(now)s, %(now)s)
+        %(lease)s, %(now)s, %(now)s)
 ON CONFLICT (instance_id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, roles = excluded.roles,
-    agents = excluded.agents, workflows = excluded.workflows,
+    agents = excluded.agents, workflows = excluded.workflows, lease = excluded.lease,
     beat_at = excluded.beat_at, stopped_at = NULL
 """
 
@@ -101,10 +102,20 @@ MARK_STOPPED = ("UPDATE instances SET stopped_at = %(now)s"
 
 SELECT_INSTANCES = """
 SELECT instance_id, host, pid, roles::text, agents::text, workflows::text,
-       started_at, beat_at, stopped_at
+       started_at, beat_at, stopped_at, lease
 FROM instances
 WHERE %(instance_id)s::text IS NULL OR instance_id = %(instance_id)s::text
 ORDER BY started_at, instance_id
+"""
+
+# Tasks still locked by an instance that is gone (as sql.SELECT_ORPHANED), with
+# their steps.
+SELECT_ORPHANED = f"""
+SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks
+WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
+  AND locked_by IN (SELECT instance_id FROM instances
+                    WHERE stopped_at IS NOT NULL OR beat_at + lease < %(now)s)
+ORDER BY complete_by LIMIT %(limit)s
 """
 
 # One workflow at a time: an ordered range scan of the partial index tasks_claimable.
@@ -168,7 +179,7 @@ _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
                "complete_by float8", "available_at float8", "failure_count int", "error text",
                "claim int", "updated_at float8", "task_id text", "epoch bigint",
                "from_state text", "owner text", "expired_before float8", "lease text",
-               "lease_holder text", "lease_epoch bigint",
+               "lease_holder text", "lease_epoch bigint", "complete_by_was float8",
                "wake float8",  # when the task is claimable again, if this releases it
                "token bigint")  # the write's, into last_write
 _NEW_TASK = ("task_id text", "workflow text", "input text", "state text",
@@ -193,8 +204,8 @@ _INSERT_HISTORY = """INSERT INTO history (task_id, step, phase, at, actor, epoch
 #   of every process waits for rows in the same order (no deadlock);
 # - `applied`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
 #   epoch, state and owner as when read, and (supervisor) a complete-by that has
-#   passed and the lease still held with its epoch; a task not in it is left
-#   exactly as it was;
+#   passed or is still the one read, and the lease still held with its epoch; a
+#   task not in it is left exactly as it was;
 # - the implied rows are written for the applied transitions only;
 # - idle schedulers are told (NOTIFY) when an applied transition released work.
 # A batch holds one transition per task, so no step row comes twice (which
@@ -216,6 +227,7 @@ applied AS (
       AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
       AND (v.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.name = v.lease
                                       AND l.holder = v.lease_holder AND l.epoch = v.lease_epoch))
+      AND (v.complete_by_was IS NULL OR t.complete_by = v.complete_by_was)
     RETURNING t.task_id),
 wrote_steps AS (
     INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,

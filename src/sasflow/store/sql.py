@@ -32,8 +32,8 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 # The fence: the task must still have the epoch, state and owner it was read with,
-# and (supervisor) a complete-by that has passed and the lease still held with the
-# epoch it swept under. Zero rows changed = not applied.
+# and (supervisor) a complete-by that has passed, or is still the one read, and the
+# lease still held with the epoch it swept under. Zero rows changed = not applied.
 APPLY_TRANSITION = """
 UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = ?,
                  available_at = COALESCE(?, available_at), failure_count = ?, error = ?,
@@ -41,6 +41,7 @@ UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = 
 WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ?
   AND (? IS NULL OR complete_by < ?)
   AND (? IS NULL OR EXISTS (SELECT 1 FROM leases WHERE name = ? AND holder = ? AND epoch = ?))
+  AND (? IS NULL OR complete_by = ?)
 """
 
 # The last parameter < 0 means "reset the failure count to 0" (operator retry); it
@@ -113,20 +114,33 @@ RETURNING holder, epoch
 
 # A worker instance's heartbeat: its row, renewed; started_at stays as first written.
 BEAT = """
-INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, started_at, beat_at)
-VALUES (:instance_id, :host, :pid, :roles, :agents, :workflows, :now, :now)
+INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, lease, started_at,
+                       beat_at)
+VALUES (:instance_id, :host, :pid, :roles, :agents, :workflows, :lease, :now, :now)
 ON CONFLICT (instance_id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, roles = excluded.roles,
-    agents = excluded.agents, workflows = excluded.workflows,
+    agents = excluded.agents, workflows = excluded.workflows, lease = excluded.lease,
     beat_at = excluded.beat_at, stopped_at = NULL
 """
 
 MARK_STOPPED = "UPDATE instances SET stopped_at = :now WHERE instance_id = :instance_id"
 
 SELECT_INSTANCES = """
-SELECT instance_id, host, pid, roles, agents, workflows, started_at, beat_at, stopped_at
+SELECT instance_id, host, pid, roles, agents, workflows, started_at, beat_at, stopped_at,
+       lease
 FROM instances WHERE :instance_id IS NULL OR instance_id = :instance_id
 ORDER BY started_at, instance_id
+"""
+
+# Tasks still locked by an instance that is gone: stopped, or no beat within its
+# lease (R2). Read through the partial index tasks_locked: the cost grows with
+# the locked tasks, not with the store.
+SELECT_ORPHANED = f"""
+SELECT {TASK_COLUMNS} FROM tasks
+WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
+  AND locked_by IN (SELECT instance_id FROM instances
+                    WHERE stopped_at IS NOT NULL OR beat_at + lease < :now)
+ORDER BY complete_by LIMIT :limit
 """
 
 

@@ -261,6 +261,16 @@ class SQLiteStore:
             sql.SELECT_INSTANCES, {"instance_id": instance_id}).fetchall())
         return [instance_from_row(row) for row in rows]
 
+    async def orphaned(self, limit: int) -> list[Task]:
+        now = self.now()
+
+        def read(conn: sqlite3.Connection) -> list[Task]:
+            rows = conn.execute(sql.SELECT_ORPHANED, {"now": now, "limit": limit}).fetchall()
+            return _tasks_with_steps(conn, rows)
+
+        result: list[Task] = await self._read(read)
+        return result
+
     # ------------------------------------------------------------ outbox (E11)
     async def take_outbox(self, queues: Collection[str] | None, limit: int
                           ) -> list[OutboxMessage]:
@@ -356,9 +366,10 @@ _STATEMENTS: dict[RowKind, str] = {
 def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Deferred) -> bool:
     """Apply one fenced transition inside the writer's transaction."""
     check_legal(t)
-    task_id, epoch, state, owner, expired_before, lease, holder, lease_epoch = fence_values(t)
+    (task_id, epoch, state, owner, expired_before, lease, holder, lease_epoch,
+     complete_by_was) = fence_values(t)
     fence = (task_id, epoch, state, owner, expired_before, expired_before, lease, lease, holder,
-             lease_epoch)
+             lease_epoch, complete_by_was, complete_by_was)
     if not conn.execute(sql.APPLY_TRANSITION, set_values(t, now) + fence).rowcount:
         return False
     for kind, row in implied_rows(t, now):
