@@ -121,7 +121,7 @@ class Worker:
         delay = 0.1
         while True:
             try:
-                await self.app.store.beat(self.instance)
+                await self.app.store.beat(self.instance, first=True)
             except Exception as error:  # the store is down or unready: wait for it
                 self._beats.failed(error)
                 await asyncio.sleep(delay)

@@ -497,6 +497,27 @@ async def test_orphaned_lists_the_tasks_of_gone_instances_only(store: Store,
     assert [t.task_id for t in await store.orphaned(1)] in (["t-silent"], ["t-stopped"])
 
 
+async def test_tasks_an_earlier_process_left_under_the_same_id_are_orphaned(
+        store: Store, clock: Clock) -> None:
+    """R2: a restarted container keeps its name, so its worker beats under the same id
+    at once; what the dead process held is orphaned all the same, and what the new
+    one claims is not, through its later beats too."""
+    declared = Instance(instance_id="pod-1", host="h", pid=1, roles=["scheduler"], agents=[],
+                        workflows={}, lease=10.0)
+    await submitted(store, "t-old", "t-new")
+    await store.beat(declared, first=True)
+    [old] = await store.claim("pod-1", 1, PLANS)
+    clock.advance(5.0)  # killed; its successor starts well within the lease
+    await store.beat(declared, first=True)
+    [new] = await store.claim("pod-1", 1, PLANS)
+    assert (old.task_id, new.task_id) == ("t-old", "t-new")
+    clock.advance(3.0)
+    await store.beat(declared)
+    assert [t.task_id for t in await store.orphaned(10)] == ["t-old"]
+    [found] = await store.instances(instance_id="pod-1")
+    assert found.started_at == clock.now - 3.0
+
+
 async def test_an_orphan_is_released_at_once_and_counted(store: Store, clock: Clock) -> None:
     """Part 4: the gone holder's unit is released before its complete-by, fenced by the
     supervisors' lease, counted as a failure; the history names the heartbeat."""

@@ -140,9 +140,14 @@ class Store(Protocol):
         """
         ...
 
-    async def beat(self, instance: Instance) -> None:
+    async def beat(self, instance: Instance, *, first: bool = False) -> None:
         """Record that `instance` is alive now: its row, written or renewed, with
-        `beat_at` (and, on its first beat, `started_at`) on the store's clock."""
+        `beat_at` (and, on its first beat, `started_at`) on the store's clock.
+
+        `first`: the first beat of a process. An instance id may be used again by a
+        new process (a restarted container keeps its name): the tasks an earlier
+        process left locked under that id are then orphaned (see `orphaned`).
+        """
         ...
 
     async def stopped(self, instance_id: str) -> None:
@@ -155,7 +160,9 @@ class Store(Protocol):
 
     async def orphaned(self, limit: int) -> list[Task]:
         """Locked tasks, with their steps, whose owner is an instance that is gone
-        (`Instance.gone` at the store's now): stopped, or silent past its lease."""
+        (`Instance.gone` at the store's now): stopped, or silent past its lease; or
+        that an earlier process with the same instance id locked (last written
+        before the current process's first beat)."""
         ...
 
     async def take_outbox(self, queues: Collection[str] | None, limit: int

@@ -94,6 +94,7 @@ VALUES (%(instance_id)s, %(host)s, %(pid)s, %(roles)s, %(agents)s, %(workflows)s
 ON CONFLICT (instance_id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, roles = excluded.roles,
     agents = excluded.agents, workflows = excluded.workflows, lease = excluded.lease,
+    started_at = CASE WHEN %(first)s THEN excluded.started_at ELSE instances.started_at END,
     beat_at = excluded.beat_at, stopped_at = NULL
 """
 
@@ -113,8 +114,9 @@ ORDER BY started_at, instance_id
 SELECT_ORPHANED = f"""
 SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks
 WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
-  AND locked_by IN (SELECT instance_id FROM instances
-                    WHERE stopped_at IS NOT NULL OR beat_at + lease < %(now)s)
+  AND EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = tasks.locked_by
+              AND (i.stopped_at IS NOT NULL OR i.beat_at + i.lease < %(now)s
+                   OR tasks.updated_at < i.started_at - 1.0))
 ORDER BY complete_by LIMIT %(limit)s
 """
 

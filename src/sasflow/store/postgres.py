@@ -548,9 +548,9 @@ class PostgresStore:
         return rows[0] if rows else None
 
     # ------------------------------------------------------------ instances (R2)
-    async def beat(self, instance: Instance) -> None:
+    async def beat(self, instance: Instance, *, first: bool = False) -> None:
         async def job(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.execute(q.BEAT, instance_params(instance, self.now()))
+            await conn.execute(q.BEAT, instance_params(instance, self.now(), first))
 
         await self._at_home(lambda: self._run(job))  # the same row again: safe to repeat
 

@@ -42,12 +42,12 @@ Row = tuple[RowKind, tuple[Any, ...]]
 _decode = msgspec.json.decode
 
 
-def instance_params(instance: Instance, now: float) -> dict[str, Any]:
+def instance_params(instance: Instance, now: float, first: bool) -> dict[str, Any]:
     """The named parameters of BEAT: lists and maps as JSON text."""
     return {"instance_id": instance.instance_id, "host": instance.host, "pid": instance.pid,
             "roles": encode(instance.roles).decode(), "agents": encode(instance.agents).decode(),
             "workflows": encode(instance.workflows).decode(), "lease": instance.lease,
-            "now": now}
+            "now": now, "first": first}
 
 
 def instance_from_row(row: tuple[Any, ...]) -> Instance:

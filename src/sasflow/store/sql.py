@@ -112,7 +112,8 @@ RETURNING holder, epoch
 """
 
 
-# A worker instance's heartbeat: its row, renewed; started_at stays as first written.
+# A worker instance's heartbeat: its row, renewed; started_at stays as written by the
+# first beat of the process now using the id.
 BEAT = """
 INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, lease, started_at,
                        beat_at)
@@ -120,6 +121,7 @@ VALUES (:instance_id, :host, :pid, :roles, :agents, :workflows, :lease, :now, :n
 ON CONFLICT (instance_id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, roles = excluded.roles,
     agents = excluded.agents, workflows = excluded.workflows, lease = excluded.lease,
+    started_at = CASE WHEN :first THEN excluded.started_at ELSE instances.started_at END,
     beat_at = excluded.beat_at, stopped_at = NULL
 """
 
@@ -133,13 +135,16 @@ ORDER BY started_at, instance_id
 """
 
 # Tasks still locked by an instance that is gone: stopped, or no beat within its
-# lease (R2). Read through the partial index tasks_locked: the cost grows with
-# the locked tasks, not with the store.
+# lease (R2); or locked under its id by an earlier process, the task last written
+# before the current process's first beat (the second of margin covers two
+# measurements of the database's clock in one process). Read through the partial
+# index tasks_locked: the cost grows with the locked tasks, not with the store.
 SELECT_ORPHANED = f"""
 SELECT {TASK_COLUMNS} FROM tasks
 WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
-  AND locked_by IN (SELECT instance_id FROM instances
-                    WHERE stopped_at IS NOT NULL OR beat_at + lease < :now)
+  AND EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = tasks.locked_by
+              AND (i.stopped_at IS NOT NULL OR i.beat_at + i.lease < :now
+                   OR tasks.updated_at < i.started_at - 1.0))
 ORDER BY complete_by LIMIT :limit
 """
 

@@ -248,9 +248,9 @@ class SQLiteStore:
                 for r in rows]
 
     # ------------------------------------------------------------ instances (R2)
-    async def beat(self, instance: Instance) -> None:
+    async def beat(self, instance: Instance, *, first: bool = False) -> None:
         await self._writer.run(lambda conn: conn.execute(
-            sql.BEAT, instance_params(instance, self.now())))
+            sql.BEAT, instance_params(instance, self.now(), first)))
 
     async def stopped(self, instance_id: str) -> None:
         await self._writer.run(lambda conn: conn.execute(
