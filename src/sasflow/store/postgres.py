@@ -207,7 +207,7 @@ class PostgresStore:
                 # a new home: the old loop is gone, and its connections with it
                 self._home = home = loop
                 self._pool = AsyncConnectionPool(
-                    self.conninfo, min_size=1, max_size=self.pool_size, open=False,
+                    self.conninfo, min_size=0, max_size=self.pool_size, open=False,
                     kwargs={"autocommit": True}, configure=_configure,
                     name=f"{_POOL_PREFIX}{id(self):x}", reconnect_timeout=_POOL_RECONNECT_S)
                 self._commit = GroupCommit(self._write)
