@@ -15,7 +15,8 @@ answers; a worker that is frozen, wedged or cut off from its store stops
 beating. `sasflow healthcheck --instance-id` reads the row, and supervisors
 release the tasks of an instance whose beat is older than its `heartbeat_lease`.
 On a clean stop the worker says so (`Store.stopped`) after its scheduler has
-handed its tasks back.
+handed its tasks back. Under systemd (`Type=notify`), the first beat is
+`READY=1` and each later one `WATCHDOG=1` (sd_notify.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from sasflow.agent import AgentRuntime
 from sasflow.errors import ConfigurationError
 from sasflow.outage import OutageLog
 from sasflow.scheduler import Scheduler
+from sasflow.sd_notify import notify
 from sasflow.store.base import Instance
 from sasflow.supervisor import Supervisor
 from sasflow.transition import Transition
@@ -128,6 +130,7 @@ class Worker:
                 delay = min(delay * 2, _FIRST_BEAT_RETRY_MAX_S)
             else:
                 self._beats.succeeded()
+                notify("READY=1")
                 return
 
     async def _beat(self) -> None:
@@ -140,6 +143,7 @@ class Worker:
                 self._beats.failed(error)
             else:
                 self._beats.succeeded()
+                notify("WATCHDOG=1")
 
     async def _relay(self) -> None:
         """Publish outbox status messages (at least once: acked after publishing)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -220,8 +221,7 @@ def test_a_worker_started_while_postgres_is_down_works_once_it_is_back(
         try:
             started = time.monotonic()
             worker = world.spawn("patient", short_lease=False)
-            wait_for("the worker to find the database down",
-                     lambda: "unreachable" in worker.text(), [worker])
+            wait_for("the worker to start", lambda: "starting" in worker.text(), [worker])
             time.sleep(max(0.0, started + DOWN_AT_START - time.monotonic()))  # the fault
             server.start()
             app = build_app(url)
@@ -236,7 +236,7 @@ def test_a_worker_started_while_postgres_is_down_works_once_it_is_back(
             log = worker.text()
             assert "Traceback" not in log, log
             assert len(log.splitlines()) <= 15, log
-            assert "reachable again" in log, log
+            assert "is unreachable" in log and "reachable again" in log, log
         finally:
             world.close()
     finally:
@@ -271,6 +271,20 @@ def test_healthcheck_fails_for_a_frozen_worker_and_passes_once_it_is_thawed(
     assert worker.popen.wait(timeout=HANG_GUARD) == 0
     stopped = healthcheck(world.store, "probed")
     assert stopped.returncode == 1 and "stopped" in stopped.stderr, stopped.stderr
+
+
+def test_under_systemd_a_worker_is_ready_after_its_first_beat_then_pings_the_watchdog(
+        sqlite_world: tuple[World, App], tmp_path: Path) -> None:
+    """Type=notify units: READY=1 once the first heartbeat is recorded, then WATCHDOG=1
+    with each later one, on the socket systemd names in $NOTIFY_SOCKET."""
+    world, _ = sqlite_world
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(str(tmp_path / "notify.sock"))
+        listener.settimeout(HANG_GUARD)
+        worker = world.spawn("notified", env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
+        said = [listener.recv(256).decode() for _ in range(3)]
+    assert said == ["READY=1", "WATCHDOG=1", "WATCHDOG=1"], worker.text()
+    assert healthcheck(world.store, "notified").returncode == 0
 
 
 # ---------------------------------------------------------------- recovery by lease

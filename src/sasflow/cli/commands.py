@@ -14,7 +14,7 @@ import click
 
 from sasflow.app import DEFAULT_STORE, default_instance_id
 from sasflow.cli.app_ref import APP_REF, AppRef, load_app
-from sasflow.cli.options import CommaList, option, store_option, transport_option
+from sasflow.cli.options import CommaList, instance_name, option, store_option, transport_option
 from sasflow.errors import ConfigurationError, PayloadError, SasflowError
 from sasflow.worker import DEFAULT_HEARTBEAT, ROLES
 
@@ -58,7 +58,8 @@ def demo(ctx: click.Context, orders: int | None, workers: int | None, chaos: boo
 @store_option
 @transport_option
 @option("--instance-id", metavar="ID", envvar="SASFLOW_INSTANCE_ID",
-        help="This process's name in LockedBy and the history (default: host-pid-random).")
+        help="This process's name in LockedBy, the history and its heartbeat; {host} stands"
+             " for the host's name (default: host-pid-random).")
 @option("--supervisor-interval", metavar="SECONDS", type=click.FloatRange(min=0, min_open=True),
         default=1.0, show_default=True, envvar="SASFLOW_SUPERVISOR_INTERVAL",
         help="How often the supervisor sweeps for expired steps.")
@@ -86,7 +87,7 @@ def worker(app_ref: AppRef, roles: tuple[str, ...], agents: tuple[str, ...] | No
                 f"{', '.join(map(repr, unknown))} not declared by {app_ref}"
                 f" (declared: {', '.join(app.agents) or 'none'})", param_hint="'--agents'")
     app.configure(store=store, transport=transport)
-    name = instance_id or default_instance_id()
+    name = instance_name(instance_id) if instance_id else default_instance_id()
     # until the event loop installs its own handlers, SIGTERM stops us like SIGINT does
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

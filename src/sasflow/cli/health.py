@@ -20,7 +20,7 @@ import logging
 import click
 
 from sasflow.app import DEFAULT_STORE
-from sasflow.cli.options import option, store_option, transport_option
+from sasflow.cli.options import instance_name, option, store_option, transport_option
 from sasflow.store import Store, open_store
 from sasflow.transport import open_transport
 
@@ -30,7 +30,7 @@ from sasflow.transport import open_transport
 @transport_option
 @option("--instance-id", metavar="ID", envvar="SASFLOW_INSTANCE_ID",
         help="Also fail unless this worker instance's heartbeat is fresh (within its"
-             " lease).")
+             " lease); {host} stands for the host's name.")
 @option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
         help="Seconds to wait for each answer.")
 def healthcheck(store: str | None, transport: str | None, instance_id: str | None,
@@ -42,7 +42,7 @@ def healthcheck(store: str | None, transport: str | None, instance_id: str | Non
         try:
             async with asyncio.timeout(timeout):
                 await opened_store.next_expiry()  # a read through the store's own path
-                problem = (await _heartbeat_problem(opened_store, instance_id)
+                problem = (await _heartbeat_problem(opened_store, instance_name(instance_id))
                            if instance_id else None)
         finally:
             await opened_store.close()
