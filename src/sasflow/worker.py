@@ -8,11 +8,12 @@ to the queues applications named (E11).
 Liveness (R1, R2). Before any role starts, the worker records its first
 heartbeat: the store is reachable, and its clock (on PostgreSQL, the database's)
 has been measured, so the first deadline an agent judges is judged on the
-store's clock. It waits for that as long as it takes. Then, every `heartbeat`
-seconds, it writes its instance row again (`Store.beat`) from the same event
-loop as the roles, so a beat is written only while that loop runs and the store
-answers; a worker that is frozen, wedged or cut off from its store stops
-beating. `sasflow healthcheck --instance-id` reads the row, and supervisors
+store's clock. Then it reaches its transport (a broker's client would otherwise
+give up at once if the broker is down). It waits for both as long as it takes.
+Then, every `heartbeat` seconds, it writes its instance row again (`Store.beat`)
+from the same event loop as the roles, so a beat is written only while that
+loop runs and the store answers; a worker that is frozen, wedged or cut off
+from its store stops beating. `sasflow healthcheck --instance-id` reads the row, and supervisors
 release the tasks of an instance whose beat is older than its `heartbeat_lease`.
 On a clean stop the worker says so (`Store.stopped`) after its scheduler has
 handed its tasks back. Under systemd (`Type=notify`), the first beat is
@@ -26,7 +27,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING
 
 from sasflow.agent import AgentRuntime
@@ -50,7 +51,7 @@ DEFAULT_HEARTBEAT = 2.0  # seconds between heartbeats
 # The default lease: this many heartbeats may be missed (a long GC pause, a slow
 # store) before the instance counts as gone and its tasks are released.
 _LEASE_BEATS = 5
-_FIRST_BEAT_RETRY_MAX_S = 5.0
+_REACH_RETRY_MAX_S = 5.0
 _STOPPED_TIMEOUT_S = 5.0
 
 
@@ -97,11 +98,15 @@ class Worker:
             agents=served if self.agents is not None else [],
             workflows={name: w.version for name, w in app.workflows.items()}, lease=lease)
         self._beats = OutageLog(log, f"worker {instance_id}'s heartbeat store")
+        self._broker = OutageLog(log, f"worker {instance_id}'s transport")
 
     async def run(self) -> None:
         """Run the roles until cancelled, beating while they run."""
         try:
-            await self._first_beat()
+            await _until_done(lambda: self.app.store.beat(self.instance, first=True),
+                              self._beats)
+            await _until_done(self.app.transport.ping, self._broker)
+            notify("READY=1")
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._beat())
                 if self.agents is not None:
@@ -117,21 +122,6 @@ class Worker:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(_STOPPED_TIMEOUT_S):
                     await self.app.store.stopped(self.instance.instance_id)
-
-    async def _first_beat(self) -> None:
-        """Record the instance, waiting for the store for as long as it takes (R2)."""
-        delay = 0.1
-        while True:
-            try:
-                await self.app.store.beat(self.instance, first=True)
-            except Exception as error:  # the store is down or unready: wait for it
-                self._beats.failed(error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _FIRST_BEAT_RETRY_MAX_S)
-            else:
-                self._beats.succeeded()
-                notify("READY=1")
-                return
 
     async def _beat(self) -> None:
         """Renew the instance's row every `heartbeat` seconds while this loop runs."""
@@ -159,3 +149,18 @@ class Worker:
                 messages = []
             if len(messages) < 256:
                 await asyncio.sleep(0.05)
+
+
+async def _until_done(attempt: Callable[[], Awaitable[None]], outage: OutageLog) -> None:
+    """Run `attempt` until it succeeds, with capped backoff, for as long as it takes (R2)."""
+    delay = 0.1
+    while True:
+        try:
+            await attempt()
+        except Exception as error:  # down or not ready yet: wait for it
+            outage.failed(error)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _REACH_RETRY_MAX_S)
+        else:
+            outage.succeeded()
+            return

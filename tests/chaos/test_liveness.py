@@ -15,24 +15,28 @@ Every wait is for a positive signal, with a generous hang guard.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
+import socketserver
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 from disthelpers import postgres_schema
-from livenessapp import LONG, QUICK, RETRY_BACKOFF, SLOW_ENV, STUCK, build_app
+from livenessapp import LONG, NAMESPACE_ENV, QUICK, RETRY_BACKOFF, SLOW_ENV, STUCK, build_app
 
 from sasflow import App
 from sasflow.store import open_store
 from sasflow.store.base import HistoryEntry, Instance
-from scenario.servers import PrivatePostgres
+from scenario.servers import PrivatePostgres, free_port
 
 pytestmark = pytest.mark.chaos
 
@@ -85,15 +89,17 @@ class World:
         self.procs: list[Proc] = []
 
     def spawn(self, name: str, *, env: dict[str, str] | None = None,
-              short_lease: bool = True) -> Proc:
+              short_lease: bool = True, transport: str | None = None) -> Proc:
         """A worker with every role; with `short_lease`, beating every HEARTBEAT s
         with a LEASE s lease, else with the defaults."""
         log = self.root / f"{name}.log"
         lease = ["--heartbeat", str(HEARTBEAT), "--heartbeat-lease", str(LEASE)]
+        over = ["--transport", transport] if transport else []
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 [str(SASFLOW), "worker", APP, "--instance-id", name, "--store", self.store,
-                 "--supervisor-interval", str(INTERVAL), *(lease if short_lease else [])],
+                 "--supervisor-interval", str(INTERVAL), *(lease if short_lease else []),
+                 *over],
                 env=clean_env(**(env or {})), stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT)
         proc = Proc(name, popen, log)
@@ -241,6 +247,68 @@ def test_a_worker_started_while_postgres_is_down_works_once_it_is_back(
             world.close()
     finally:
         server.close()
+
+
+class LateBroker:
+    """A door to the machine's RabbitMQ on a port of its own, closed until `open()`:
+    until then a connection to it is refused, as to a broker that is down."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._server: socketserver.ThreadingTCPServer | None = None
+
+    def open(self) -> None:
+        class Forward(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                with socket.create_connection(("127.0.0.1", 5672)) as upstream:
+                    back = threading.Thread(target=_pump, args=(upstream, self.request),
+                                            daemon=True)
+                    back.start()
+                    _pump(self.request, upstream)
+                    back.join()
+
+        socketserver.ThreadingTCPServer.daemon_threads = True
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", self.port), Forward)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+def test_a_worker_started_while_rabbitmq_is_down_works_once_it_is_back(
+        sqlite_world: tuple[World, App], rabbitmq_server: str) -> None:
+    """The broker refuses connections at start-up: the worker waits for it (its client
+    alone used to give up, and the worker exited), then runs tasks once it answers."""
+    world, _ = sqlite_world
+    namespace = f"-{uuid.uuid4().hex[:8]}"
+    broker = LateBroker()
+    try:
+        worker = world.spawn("waiting", env={NAMESPACE_ENV: namespace},
+                             transport=f"amqp://guest:guest@127.0.0.1:{broker.port}/"
+                                       "?queue_expires=60")
+        wait_for("the worker to find the broker down",
+                 lambda: "Connect call failed" in worker.text(), [worker])
+        broker.open()
+        app = build_app(world.store, namespace)
+        try:
+            tasks = [app.submit(QUICK, {"n": n}) for n in range(3)]
+            wait_for("the tasks to end", lambda: terminal(app, tasks), [worker])
+            assert [app.get(t).state.value for t in tasks] == ["processed"] * 3
+        finally:
+            app.close()
+    finally:
+        world.close()
+        broker.close()
 
 
 # ---------------------------------------------------------------- heartbeats (R2)
