@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
+from sasflow.errors import StoreError
 from sasflow.messages import Reply, Request, decode_reply, encode
 from sasflow.model import Phase, Task, TaskState
 from sasflow.plan import Plan
@@ -107,6 +108,10 @@ class Scheduler:
             if free > 0:
                 try:
                     claimed = await self._claim(free)
+                except StoreError as error:  # the store logs its outage itself
+                    log.warning("claim failed: %s", error)
+                    await asyncio.sleep(_IDLE_POLL_MAX)
+                    continue
                 except Exception:  # the store hiccupped: try again after a pause
                     log.exception("claim failed")
                     await asyncio.sleep(_IDLE_POLL_MAX)

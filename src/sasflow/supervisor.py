@@ -31,6 +31,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
+from sasflow.errors import StoreError
 from sasflow.model import Task
 from sasflow.plan import Plan
 from sasflow.store.base import Store
@@ -84,6 +85,9 @@ class Supervisor:
                     wait = None if due is None else due - self.store.now()
                     if wait is not None and wait > 0:  # (one still expired is left to the interval)
                         delay = min(delay, wait + _EXPIRY_SLACK)
+            except StoreError as error:  # the store logs its outage itself: one line here
+                log.warning("supervisor %s: tick failed: %s", self.instance_id, error)
+                delay = self.interval
             except Exception:  # a store hiccup must not kill the supervisor
                 log.exception("supervisor tick failed")
                 delay = self.interval

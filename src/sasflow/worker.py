@@ -99,6 +99,7 @@ class Worker:
             workflows={name: w.version for name, w in app.workflows.items()}, lease=lease)
         self._beats = OutageLog(log, f"worker {instance_id}'s heartbeat store")
         self._broker = OutageLog(log, f"worker {instance_id}'s transport")
+        self._relaying = OutageLog(log, f"worker {instance_id}'s status relay")
 
     async def run(self) -> None:
         """Run the roles until cancelled, beating while they run."""
@@ -138,15 +139,20 @@ class Worker:
     async def _relay(self) -> None:
         """Publish outbox status messages (at least once: acked after publishing)."""
         store, transport = self.app.store, self.app.transport
+        backoff = 0.05
         while True:
             try:
                 messages = await store.take_outbox(None, 256)
                 for message in messages:
                     await transport.publish(message.queue, message.body)
                 await store.ack_outbox([m.id for m in messages])
-            except Exception:
-                log.exception("status relay failed; retrying")
-                messages = []
+            except Exception as error:  # store or broker down: one line, then backing off
+                self._relaying.failed(error)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _REACH_RETRY_MAX_S)
+                continue
+            self._relaying.succeeded()
+            backoff = 0.05
             if len(messages) < 256:
                 await asyncio.sleep(0.05)
 
