@@ -68,10 +68,6 @@ class Instance(msgspec.Struct, kw_only=True):
     beat_at: float = 0.0
     stopped_at: float | None = None  # a clean shutdown; None while it runs
 
-    def gone(self, now: float) -> bool:
-        """Stopped, or silent past its lease at `now` (store clock): it holds nothing."""
-        return self.stopped_at is not None or self.beat_at + self.lease < now
-
 
 class OutboxMessage(msgspec.Struct, kw_only=True):
     id: int
@@ -159,8 +155,8 @@ class Store(Protocol):
         ...
 
     async def orphaned(self, limit: int) -> list[Task]:
-        """Locked tasks, with their steps, whose owner is an instance that is gone
-        (`Instance.gone` at the store's now): stopped, or silent past its lease; or
+        """Locked tasks, with their steps, whose owner is an instance that is gone at
+        the store's now: stopped, or silent past its lease (`beat_at + lease < now`); or
         that an earlier process with the same instance id locked (last written
         before the current process's first beat)."""
         ...

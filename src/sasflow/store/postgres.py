@@ -178,11 +178,6 @@ class PostgresStore:
             return self._clock()
         return time.monotonic() + self._offset
 
-    @property
-    def clock_measured(self) -> bool:
-        """Whether `now()` is the database's clock yet (a connection has measured it)."""
-        return self._clock is not None or self._offset_at > float("-inf")
-
     def _clock_is_stale(self) -> bool:
         return self._clock is None and time.monotonic() - self._offset_at > _CLOCK_REFRESH_S
 
