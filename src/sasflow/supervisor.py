@@ -94,23 +94,29 @@ class Supervisor:
             await asyncio.sleep(max(delay, _EXPIRY_SLACK))
 
     async def tick(self) -> int:
-        """Renew or take the lease; if this instance leads, sweep once."""
+        """Renew or take the lease; if this instance leads, sweep once and release
+        what gone instances hold."""
         epoch = await self.store.acquire_lease(LEASE_NAME, self.instance_id, self.lease_ttl)
         if epoch != self.lease_epoch:
             log.info("supervisor %s: %s", self.instance_id,
                      "leading" if epoch is not None else "standing by")
         self.lease_epoch = epoch
-        return await self.sweep() if epoch is not None else 0
+        if epoch is None:
+            return 0
+        return await self.sweep() + await self.release_orphans()
 
     async def sweep(self) -> int:
-        """Recover every expired unit once, then every unit held by a gone instance;
-        returns how many this call recovered."""
-        expired = await self._recover(self.store.expired, Plan.expire)
-        orphaned = await self._recover(self.store.orphaned, Plan.orphan)
-        if orphaned:
-            log.info("supervisor %s: released %d task(s) held by instances whose"
-                     " heartbeat lease lapsed", self.instance_id, orphaned)
-        return expired + orphaned
+        """Recover every expired unit once; returns how many this call recovered."""
+        return await self._recover(self.store.expired, Plan.expire)
+
+    async def release_orphans(self) -> int:
+        """Recover every unit held by a gone instance (R2), once an interval: unlike
+        expiries, which have a time to wake up for, they are found by looking."""
+        released = await self._recover(self.store.orphaned, Plan.orphan)
+        if released:
+            log.info("supervisor %s: released %d task(s) held by instances that are gone",
+                     self.instance_id, released)
+        return released
 
     async def _recover(self, find: Callable[[int], Awaitable[list[Task]]],
                        decide: Callable[[Plan, Task, str, float], Transition]) -> int:
