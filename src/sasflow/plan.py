@@ -106,9 +106,14 @@ class Plan:
     def expire(self, task: Task, supervisor: str, now: float) -> Transition:
         """The unit at the cursor ran past its complete-by (E9, S8, M3).
 
-        Fenced on the expiry itself, so two supervisors never count it twice.
+        Fenced on the expiry itself, so two supervisors never count it twice, and
+        on the unit's complete-by as read: an owner whose write was held up (a
+        database restart) can record the unit's reply and start the next unit with
+        a complete-by that has passed already, and an expiry decided on the old
+        unit must not then rewind the task to it.
         """
-        fence = _Fence(task, owner=task.locked_by, expired_before=now)
+        fence = _Fence(task, owner=task.locked_by, expired_before=now,
+                       complete_by_was=task.complete_by)
         return self._failed_attempt(task, fence, supervisor, now, "expired")
 
     def orphan(self, task: Task, supervisor: str, now: float) -> Transition:

@@ -392,6 +392,24 @@ async def test_an_expiry_decided_before_the_deadline_is_not_applied(store: Store
     assert (await fresh(store, "order-1")).state is T.PROCESSING
 
 
+async def test_an_expiry_decided_on_a_unit_its_owner_has_left_is_not_applied(
+        store: Store, clock: Clock) -> None:
+    """M1: the owner's reply, held up past the complete-by (a database restart), records
+    the step and starts the next with a complete-by already past; the supervisor's
+    expiry, read before, must not rewind the task to the completed step."""
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    planned_at = clock.now
+    clock.advance(6)  # reserve (5 s) expired; the owner's write is still on its way
+    [stale] = await store.expired(10)
+    late = PLANS["order"].reply(task, "s1", True, {"sku": 1}, None, planned_at + 0.5)
+    assert await store.apply(late)  # charge started, its complete-by (10 s) not yet passed
+    clock.advance(5)  # now charge's has passed too
+    assert not await store.apply(PLANS["order"].expire(stale, "sup", clock.now))
+    stored = await fresh(store, "order-1")
+    assert (stored.cursor, stored.locked_by, stored.steps[0].state) == (1, "s1", S.COMPLETED)
+
+
 async def test_concurrent_supervisors_count_an_expiry_once(store: Store, clock: Clock) -> None:
     """M3: two supervisors recovering the same expiry at once: one applies, FailureCount 1."""
     await submitted(store, "order-1")
