@@ -158,11 +158,16 @@ class Worker:
 
 
 async def _until_done(attempt: Callable[[], Awaitable[None]], outage: OutageLog) -> None:
-    """Run `attempt` until it succeeds, with capped backoff, for as long as it takes (R2)."""
+    """Run `attempt` until it succeeds, with capped backoff, for as long as it takes (R2).
+
+    A configuration error is raised at once: waiting would not mend it.
+    """
     delay = 0.1
     while True:
         try:
             await attempt()
+        except ConfigurationError:
+            raise
         except Exception as error:  # down or not ready yet: wait for it
             outage.failed(error)
             await asyncio.sleep(delay)
