@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
-from sasflow.errors import PayloadError
+from sasflow.errors import PayloadError, StoreError
 from sasflow.messages import Reply, Request, decode_reply, encode_within
 from sasflow.model import Phase, Task, TaskState
 from sasflow.plan import Plan
@@ -110,6 +110,10 @@ class Scheduler:
             if free > 0:
                 try:
                     claimed = await self._claim(free)
+                except StoreError as error:  # the store logs its outage itself
+                    log.warning("claim failed: %s", error)
+                    await asyncio.sleep(_IDLE_POLL_MAX)
+                    continue
                 except Exception:  # the store hiccupped: try again after a pause
                     log.exception("claim failed")
                     await asyncio.sleep(_IDLE_POLL_MAX)

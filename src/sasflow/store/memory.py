@@ -285,6 +285,27 @@ class MemoryStore:
                           key=lambda row: (row.complete_by, row.task_id))
             return [_task(row) for row in rows[:limit]]
 
+    async def orphaned(self, limit: int, workflows: Collection[str] | None = None
+                       ) -> list[Task]:
+        """As sql.SELECT_ORPHANED: locked tasks of instances stopped, silent past their
+        lease, or restarted under the same id since the task was last written."""
+        names = None if workflows is None else set(workflows)
+        with self._data.lock:
+            now = self.now()
+            instances = self._data.instances
+
+            def gone(row: _TaskRow) -> bool:
+                holder = instances.get(row.locked_by or "")
+                return holder is not None and (
+                    holder.stopped_at is not None or holder.beat_at + holder.lease < now
+                    or row.updated_at < holder.started_at - 1.0)
+
+            rows = sorted((row for row in self._data.tasks.values()
+                           if row.locked_by is not None and row.complete_by is not None
+                           and (names is None or row.workflow in names) and gone(row)),
+                          key=lambda row: (row.complete_by or 0.0, row.task_id))
+            return [_task(row) for row in rows[:limit]]
+
     async def next_expiry(self, workflows: Collection[str] | None = None) -> float | None:
         names = None if workflows is None else set(workflows)
         with self._data.lock:
@@ -389,11 +410,11 @@ class MemoryStore:
                     if alert.id > after][:limit]
 
     # ------------------------------------------------------------ instances (R2)
-    async def beat(self, instance: Instance) -> None:
+    async def beat(self, instance: Instance, *, first: bool = False) -> None:
         with self._data.lock:
             now = self.now()
             known = self._data.instances.get(instance.instance_id)
-            started = now if known is None else known.started_at
+            started = now if known is None or first else known.started_at
             self._data.instances[instance.instance_id] = msgspec.structs.replace(
                 instance, roles=list(instance.roles), agents=list(instance.agents),
                 workflows=dict(instance.workflows), started_at=started, beat_at=now,

@@ -121,12 +121,14 @@ RETURNING holder, epoch
 
 # A worker instance's heartbeat: its row, renewed; started_at stays as first written.
 BEAT = """
-INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, started_at, beat_at)
+INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, lease, started_at,
+                       beat_at)
 VALUES (%(instance_id)s, %(host)s, %(pid)s, %(roles)s, %(agents)s, %(workflows)s,
-        %(now)s, %(now)s)
+        %(lease)s, %(now)s, %(now)s)
 ON CONFLICT (instance_id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, roles = excluded.roles,
-    agents = excluded.agents, workflows = excluded.workflows,
+    agents = excluded.agents, workflows = excluded.workflows, lease = excluded.lease,
+    started_at = CASE WHEN %(first)s THEN excluded.started_at ELSE instances.started_at END,
     beat_at = excluded.beat_at, stopped_at = NULL
 """
 
@@ -135,10 +137,22 @@ MARK_STOPPED = ("UPDATE instances SET stopped_at = %(now)s"
 
 SELECT_INSTANCES = """
 SELECT instance_id, host, pid, roles::text, agents::text, workflows::text,
-       started_at, beat_at, stopped_at
+       started_at, beat_at, stopped_at, lease
 FROM instances
 WHERE %(instance_id)s::text IS NULL OR instance_id = %(instance_id)s::text
 ORDER BY started_at, instance_id
+"""
+
+# Tasks still locked by an instance that is gone (as sql.SELECT_ORPHANED), with
+# their steps.
+SELECT_ORPHANED = f"""
+SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks
+WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
+  AND EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = tasks.locked_by
+              AND (i.stopped_at IS NOT NULL OR i.beat_at + i.lease < %(now)s
+                   OR tasks.updated_at < i.started_at - 1.0))
+  AND (%(workflows)s::text[] IS NULL OR workflow = ANY(%(workflows)s::text[]))
+ORDER BY complete_by LIMIT %(limit)s
 """
 
 # One workflow version at a time: an ordered range scan of the partial index
