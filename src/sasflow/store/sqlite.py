@@ -5,6 +5,11 @@ waiting (writer.py); reads use their own connections and never wait for it.
 Several processes may share the file: `BEGIN IMMEDIATE` makes each claim and
 each fenced transition atomic across them.
 
+The file and its -wal and -shm companions are readable by their owner only
+(R5): the store creates the file 0600, and SQLite gives the companions the
+file's own mode. A full disk or an I/O error is a StoreError naming the file,
+never a raw sqlite3 error; the transaction it interrupted leaves nothing behind.
+
 Durability is the `synchronous` setting, chosen in the URL:
 ``sqlite:///tasks.db?synchronous=normal`` (the default; survives a process
 crash) or ``?synchronous=full`` (also survives a power loss, one fsync a commit).
@@ -13,13 +18,14 @@ crash) or ``?synchronous=full`` (also survives a power loss, one fsync a commit)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
@@ -32,6 +38,7 @@ from sasflow.model import (
     TaskState,
 )
 from sasflow.plan import Plan
+from sasflow.redact import redact
 from sasflow.store import dead_letters, sql
 from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.rows import (
@@ -56,6 +63,7 @@ from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["SQLiteStore"]
 
+_T = TypeVar("_T")
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL", "off": "OFF", "extra": "EXTRA"}
 _decode = msgspec.json.decode
 
@@ -76,10 +84,13 @@ class SQLiteStore:
         self.path = os.path.abspath(path)
         self.synchronous = level
         self.now: Callable[[], float] = clock or time.time
+        self.migrations_applied: list[str] = []  # by this process, for `sasflow db upgrade`
         self._readers = threading.local()
         # rows whose writes need no answer, inserted in bulk once per group commit
         self._deferred = _Deferred()
-        self._writer = Writer(self._connect_writer, before_commit=self._deferred.flush,
+        _create_private(self.path)
+        self._writer = Writer(self._connect, prepare=self._prepare_writer,
+                              translate=self._store_error, before_commit=self._deferred.flush,
                               after_rollback=self._deferred.clear)
         self._checkpointer = _Checkpointer(self._connect)
 
@@ -88,7 +99,7 @@ class SQLiteStore:
                  create: bool = True) -> SQLiteStore:
         parts = urlsplit(url)
         if parts.scheme != "sqlite" or parts.netloc:
-            raise ConfigurationError(f"bad SQLite URL {url!r}: expected sqlite:///PATH")
+            raise ConfigurationError(f"bad SQLite URL {redact(url)!r}: expected sqlite:///PATH")
         options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         return cls(path, synchronous=options.get("synchronous", "normal"), clock=clock,
@@ -105,25 +116,43 @@ class SQLiteStore:
         conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         return conn
 
-    def _connect_writer(self) -> sqlite3.Connection:
-        conn = self._connect()
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if mode.lower() != "wal":
-            raise StoreError(f"cannot put {self.path} in WAL mode (got {mode})")
+    def _prepare_writer(self, conn: sqlite3.Connection) -> None:
+        """WAL mode and the schema: each only read when already there, so that a
+        process opening a ready store never waits for anyone's write lock."""
+        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StoreError(f"cannot put {self.path} in WAL mode (got {mode})")
         # the checkpointer thread copies the WAL back beside the writer; the writer's own
         # checkpoint, now rare and with little left to copy, lets the WAL start over
         conn.execute("PRAGMA wal_autocheckpoint = 4000")
-        _migrate(conn)
-        return conn
+        self.migrations_applied += _migrate(conn)
+
+    def _store_error(self, error: BaseException) -> BaseException:
+        """What SQLite raised, as sasflow's error when the cause is the store's, not ours."""
+        if not isinstance(error, sqlite3.Error) or isinstance(error, sqlite3.ProgrammingError):
+            return error
+        code = getattr(error, "sqlite_errorcode", None)
+        why = _WHY.get(code & 0xFF if isinstance(code, int) else -1, "failed")
+        translated = StoreError(f"SQLite store {self.path} {why}: {error}")
+        translated.__cause__ = error
+        return translated
 
     def _reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._readers, "conn", None)
         if conn is None:
+            self._writer.wait_prepared()  # the schema is there before anyone reads it
             conn = self._readers.conn = self._connect()
         return conn
 
+    def _reading(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        try:
+            return fn(self._reader())
+        except sqlite3.Error as error:
+            raise self._store_error(error) from error
+
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        return await asyncio.to_thread(lambda: fn(self._reader()))
+        return await asyncio.to_thread(self._reading, fn)
 
     # ------------------------------------------------------------ submission
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
@@ -142,7 +171,19 @@ class SQLiteStore:
         if self.path not in {os.path.abspath(f) for f in files}:
             raise ConfigurationError(
                 f"connection is not to the store's database file {self.path}")
-        return self._insert(connection, task)
+        try:
+            # The store's first use may be inside this very transaction, which holds the
+            # write lock: the schema then comes up through it, committed with the caller's
+            # rows or rolled back with them. Under that lock no other process can be
+            # migrating, so what is pending here is what is pending.
+            pending = _pending(connection)
+            if pending:
+                connection.execute("SAVEPOINT sasflow_migrate")
+                _apply_migrations(connection, pending)
+                connection.execute("RELEASE sasflow_migrate")
+            return self._insert(connection, task)
+        except sqlite3.Error as error:
+            raise self._store_error(error) from error
 
     def _insert(self, conn: sqlite3.Connection, task: NewTask) -> bool:
         now = self.now()
@@ -174,9 +215,13 @@ class SQLiteStore:
         shapes = [(name, plan.workflow.version) for name, plan in plans.items()]
         if not shapes or limit <= 0:
             return []
-        now, reader = self.now(), self._reader()
-        if not any(reader.execute(sql.PROBE_CLAIMABLE, (name, version, now)).fetchone()
-                   for name, version in shapes):  # nothing to do: no write lock at all
+        now = self.now()
+
+        def probe(c: sqlite3.Connection) -> bool:
+            return any(c.execute(sql.PROBE_CLAIMABLE, (name, version, now)).fetchone()
+                       for name, version in shapes)
+
+        if not self._reading(probe):  # nothing to do: no write lock at all
             return []
 
         def job(conn: sqlite3.Connection) -> list[Task]:
@@ -219,12 +264,13 @@ class SQLiteStore:
     async def next_expiry(self, workflows: Collection[str] | None = None) -> float | None:
         # MIN over the partial index tasks_locked (tasks_expiring per workflow): one
         # index lookup each
-        reader = self._reader()
-        if workflows is None:
-            rows = [reader.execute(sql.NEXT_EXPIRY).fetchone()]
-        else:
-            rows = [reader.execute(sql.NEXT_EXPIRY_OF, (name,)).fetchone() for name in workflows]
-        due = [float(row[0]) for row in rows if row is not None and row[0] is not None]
+        def read(reader: sqlite3.Connection) -> list[Any]:
+            if workflows is None:
+                return [reader.execute(sql.NEXT_EXPIRY).fetchone()]
+            return [reader.execute(sql.NEXT_EXPIRY_OF, (name,)).fetchone() for name in workflows]
+
+        due = [float(row[0]) for row in self._reading(read)
+               if row is not None and row[0] is not None]
         return min(due) if due else None
 
     # ------------------------------------------------------------ incidents (R4)
@@ -269,7 +315,7 @@ class SQLiteStore:
     async def get(self, task_id: str) -> Task | None:
         # a primary-key read of a WAL file never waits for writers: cheaper inline
         # than a hop to a thread and back
-        return _get(self._reader(), task_id)
+        return self._reading(lambda c: _get(c, task_id))
 
     async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
                    limit: int = 100) -> list[Task]:
@@ -459,27 +505,67 @@ def _get(conn: sqlite3.Connection, task_id: str) -> Task | None:
 
 _VERSIONS_MIGRATION = "0003_versions.sql"  # tasks gained a version column
 
+# what a failing SQLite primary result code says about the store (the rest: "failed")
+_WHY = {sqlite3.SQLITE_FULL: "is out of disk space", sqlite3.SQLITE_IOERR: "had an I/O error",
+        sqlite3.SQLITE_CANTOPEN: "cannot be opened", sqlite3.SQLITE_READONLY: "is read-only",
+        sqlite3.SQLITE_CORRUPT: "is corrupt", sqlite3.SQLITE_NOTADB: "is not a database",
+        sqlite3.SQLITE_BUSY: "stayed locked", sqlite3.SQLITE_LOCKED: "stayed locked",
+        sqlite3.SQLITE_PERM: "is not accessible"}
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Apply the packaged migrations this file has not seen, in order, atomically."""
+
+def _create_private(path: str) -> None:
+    """Create the store's file readable by its owner only, unless it exists (R5)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise StoreError(f"cannot create SQLite store {path}: {error.strerror}") from error
+
+
+def _scripts() -> list[tuple[str, str]]:
     folder = resources.files("sasflow.store.migrations") / "sqlite"
-    scripts = sorted((f.name, f) for f in folder.iterdir() if f.name.endswith(".sql"))
+    return sorted((f.name, f.read_text()) for f in folder.iterdir() if f.name.endswith(".sql"))
+
+
+def _pending(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """The packaged migrations this file has not seen, in order (a read, no lock)."""
+    table = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'"
+                         " AND name = 'schema_migrations'").fetchone()
+    done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")} if (
+        table) else set()
+    return [(name, script) for name, script in _scripts() if name not in done]
+
+
+def _apply_migrations(conn: sqlite3.Connection, pending: list[tuple[str, str]]) -> None:
+    """Run `pending` migrations in the transaction `conn` has open."""
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                 "(version TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+    for name, script in pending:
+        for statement in script.split(";\n"):
+            if statement.strip():
+                conn.execute(statement)
+        if name == _VERSIONS_MIGRATION:  # tasks written before get their version
+            conn.executemany(sql.SET_VERSION,
+                             versions_of(conn.execute(sql.SELECT_UNVERSIONED).fetchall()))
+        conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (name, time.time()))
+
+
+def _migrate(conn: sqlite3.Connection) -> list[str]:
+    """Apply the migrations this file has not seen, atomically; returns their names.
+
+    A file that is up to date is only read: no write lock is taken.
+    """
+    if not _pending(conn):
+        return []
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
-                     "(version TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
-        done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
-        for name, script in scripts:
-            if name in done:
-                continue
-            for statement in script.read_text().split(";\n"):
-                if statement.strip():
-                    conn.execute(statement)
-            if name == _VERSIONS_MIGRATION:  # tasks written before get their version
-                conn.executemany(sql.SET_VERSION,
-                                 versions_of(conn.execute(sql.SELECT_UNVERSIONED).fetchall()))
-            conn.execute("INSERT INTO schema_migrations VALUES (?, ?)", (name, time.time()))
+        pending = _pending(conn)  # again, under the lock: another may have just finished
+        _apply_migrations(conn, pending)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
         raise
+    return [name for name, _ in pending]
