@@ -33,10 +33,6 @@ FAULTS = Faults(transient=0.08, slow=0.02, slow_s=STEP_TIMEOUT + 0.5, lost=0.02,
 LONG_ENV = "SASFLOW_LONG"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"long: a fault-matrix variant run only with {LONG_ENV}=1")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave the long variants out unless SASFLOW_LONG=1 (docs/reliability.md)."""
     if os.environ.get(LONG_ENV) == "1":
