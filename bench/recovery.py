@@ -18,12 +18,22 @@ Reported (same keys as the peers' crash test):
                          (the peers' count_effects); a step killed after its
                          effect but before its reply was recorded runs again:
                          at-least-once, which is why steps carry an idempotency key
-  target_bound_s         step timeout + supervisor interval + 1 s: the bound for
+  target_bound_s         the earlier of the step timeout and the heartbeat lease, +
+                         supervisor interval + 1 s: the bound for
                          released_s_from_kill; the tasks then still need their
                          re-run (step 2 sleeps 2 s again), hence
   target_total_s         target_bound_s + step-2 sleep, the bound for recovery_s_from_kill
+  released_by            how the survivor's supervisor found them: "heartbeat"
+                         (the dead worker's lease lapsed) or "expiry" (complete-by),
+                         from the history's reasons
+
+The dead worker's steps are found by whichever comes first: their complete-by
+(the default 3 s timeout), or the end of its heartbeat lease (R2). With a long
+timeout, `--step-timeout 300 --heartbeat 0.5 --heartbeat-lease 2` measures the
+second: recovery then costs the lease, not the timeout.
 
 Usage: python bench/recovery.py [--n 200] [--step-timeout 3] [--supervisor-interval 0.5]
+                                [--heartbeat 2] [--heartbeat-lease 10]
 Prints one JSON line.
 """
 
@@ -55,7 +65,8 @@ def spawn_worker(a: argparse.Namespace, url: str, instance: str, ready: str,
              "--ready", ready, "--instance-id", instance,
              "--concurrency", str(a.concurrency),
              "--supervisor-interval", str(a.supervisor_interval),
-             "--step-timeout", str(a.step_timeout), "--max-s", str(a.budget_s)],
+             "--step-timeout", str(a.step_timeout), "--max-s", str(a.budget_s),
+             "--heartbeat", str(a.heartbeat), "--heartbeat-lease", str(a.lease)],
             stdout=logf, stderr=subprocess.STDOUT)
 
 
@@ -91,6 +102,15 @@ class Observer:
         rows = self.conn.execute("SELECT state, count(*) FROM tasks WHERE task_id LIKE ?"
                                  " GROUP BY state", (self.prefix + "%",)).fetchall()
         return {state: n for state, n in rows}
+
+    def released_by(self) -> dict[str, int]:
+        """How the tasks were recovered: by the heartbeat lease or by expiry."""
+        rows = self.conn.execute(
+            "SELECT why FROM history WHERE task_id LIKE ? AND step IS NULL"
+            " AND (why LIKE '%heartbeat lease%' OR why LIKE '%expired%')",
+            (self.prefix + "%",)).fetchall()
+        heartbeat = sum("heartbeat lease" in why for (why,) in rows)
+        return {"heartbeat": heartbeat, "expiry": len(rows) - heartbeat}
 
     def lease_holder(self) -> str | None:
         row = self.conn.execute("SELECT holder FROM leases WHERE name = 'supervisor'").fetchone()
@@ -147,12 +167,13 @@ def crash_test(a: argparse.Namespace, deadline: C.Deadline) -> dict[str, Any]:
         counts = C.count_effects(effects, ids)
         n_starts = C.count_effects(starts, ids)["lines"]
         states = watch.states()
+        released_by = watch.released_by()
     finally:
         if client is not None:
             client.close()
         for proc in procs.values():
             C.stop_proc(proc)
-    bound = a.step_timeout + a.supervisor_interval + 1.0
+    bound = min(a.step_timeout, a.lease) + a.supervisor_interval + 1.0
     recovery = None if done_at is None else round(done_at - t_kill, 3)
     released = None if released_at is None else round(released_at - t_kill, 3)
     return {
@@ -163,12 +184,14 @@ def crash_test(a: argparse.Namespace, deadline: C.Deadline) -> dict[str, Any]:
         "effects_done_at_kill": before["lines"], "lost": counts["lost"],
         "duplicated": counts["duplicated"], "step_starts": n_starts,
         "target_bound_s": bound, "target_total_s": bound + STEP2_SLEEP,
+        "released_by": released_by,
         "released_within_bound": released is not None and released <= bound,
         "recovered_within_total": recovery is not None and recovery <= bound + STEP2_SLEEP,
         "durability": C.DURABILITY["normal"], "scratch": d,
         "settings": (f"2 worker processes (scheduler+agents+supervisor, concurrency "
                      f"{a.concurrency}), one SIGKILLed and not restarted; supervisor interval "
                      f"{a.supervisor_interval:g} s, step timeout {a.step_timeout:g} s, "
+                     f"heartbeat {a.heartbeat:g} s (lease {a.lease:g} s), "
                      f"step 2 sleeps {STEP2_SLEEP:g} s"),
     }
 
@@ -183,8 +206,13 @@ def main() -> None:
     ap.add_argument("--kill-leader", action="store_true",
                     help="kill the worker whose supervisor leads (the survivor's must"
                          " first wait for the lease to run out)")
+    ap.add_argument("--heartbeat", type=float, default=2.0,
+                    help="seconds between each worker's heartbeats")
+    ap.add_argument("--heartbeat-lease", type=float, default=None,
+                    help="a worker silent this long counts as gone (default: 5 heartbeats)")
     ap.add_argument("--budget-s", type=float, default=120.0)
     a = ap.parse_args()
+    a.lease = a.heartbeat_lease if a.heartbeat_lease is not None else 5 * a.heartbeat
     deadline = C.Deadline(a.budget_s)
     out: dict[str, Any] = {"peer": "sasflow", "backend": "sqlite", "bench": "recovery",
                            "durability": C.DURABILITY["normal"]}

@@ -81,7 +81,8 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     roles = asyncio.create_task(app.arun(
         concurrency=args.concurrency, supervisor_interval=args.supervisor_interval,
-        instance_id=args.instance_id or None))
+        instance_id=args.instance_id or None, heartbeat=args.heartbeat,
+        heartbeat_lease=args.heartbeat_lease))
     # ready once a task went through this store (whichever worker ran it)
     warm = await app.asubmit(WORKFLOW, None, task_id=f"warm-{os.getpid()}")
     await app.await_(warm, timeout=60)
@@ -103,6 +104,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--supervisor-interval", type=float, default=0.5)
     ap.add_argument("--step-timeout", type=float, default=3.0)
+    ap.add_argument("--heartbeat", type=float, default=2.0)
+    ap.add_argument("--heartbeat-lease", type=float, default=None)
     ap.add_argument("--max-s", type=float, default=170.0, help="exit after this long anyway")
     started = time.monotonic()
     asyncio.run(serve(ap.parse_args()))

@@ -39,6 +39,7 @@ from sasflow.isolation import ISOLATIONS, FunctionRef, Isolation, ProcessPool
 from sasflow.messages import Reply, Request, decode_request, encode_within, refuse_non_finite
 from sasflow.model import Phase
 from sasflow.resilience import RetryPolicy, call_with_retries
+from sasflow.testing import failpoints
 from sasflow.transport.base import Transport, agent_queue
 from sasflow.transport.dead_letter import decoded
 
@@ -56,13 +57,20 @@ _MAX_SEND_PAUSE = 1.0
 
 
 class AgentRequest:
-    """What an agent function receives (CONTRACT: req.task_id, req.step, ...)."""
+    """What an agent function receives (CONTRACT: req.task_id, req.step, ...).
 
-    __slots__ = ("_message", "attempt")
+    Its deadline is judged on `clock`, the state store's clock (R1): the
+    complete-by was set on it, so a host whose own clock is off still gets the
+    true time left.
+    """
 
-    def __init__(self, message: Request, attempt: int) -> None:
+    __slots__ = ("_clock", "_message", "attempt")
+
+    def __init__(self, message: Request, attempt: int,
+                 clock: Callable[[], float] = time.time) -> None:
         self._message = message
         self.attempt = attempt  # 1, 2, ... within this dispatch of the step
+        self._clock = clock
 
     task_id = property(lambda self: self._message.task_id)
     step = property(lambda self: self._message.step)
@@ -74,11 +82,15 @@ class AgentRequest:
 
     @property
     def complete_by(self) -> datetime:
-        return datetime.fromtimestamp(self._message.complete_by, UTC)
+        """The complete-by as a time on this host's clock: `complete_by - datetime.now(UTC)`
+        is the time left even when this host's clock is off (R1)."""
+        left = self._message.complete_by - self._clock()
+        return datetime.fromtimestamp(time.time() + left, UTC)
 
     def remaining(self) -> float:
-        """Seconds left before the complete-by (use it as a timeout for remote calls)."""
-        return max(0.0, self._message.complete_by - time.time())
+        """Seconds left before the complete-by, on the store's clock (use it as a timeout
+        for remote calls)."""
+        return max(0.0, self._message.complete_by - self._clock())
 
     def __repr__(self) -> str:
         return f"AgentRequest(task_id={self.task_id!r}, step={self.step!r}, attempt={self.attempt})"
@@ -122,7 +134,11 @@ class AgentFunction:
 
 
 class AgentRuntime:
-    """Serves the request queues of some agents in this process."""
+    """Serves the request queues of some agents in this process.
+
+    `clock` must be the state store's (`store.now`, as Worker passes it): every
+    complete-by was set on that clock, and is judged on it (R1).
+    """
 
     def __init__(self, transport: Transport, agents: list[AgentFunction], *,
                  clock: Callable[[], float] = time.time) -> None:
@@ -166,9 +182,13 @@ class AgentRuntime:
             await self._reply(request, ok=True)
             return
         budget = request.complete_by - DEADLINE_MARGIN - self.clock()
-        if budget <= 0:
-            return  # already too late: silence (S5)
+        if budget <= 0:  # already too late: silence (S5), but say so here once
+            log.warning("%s %s/%s (epoch %d): not started: its complete-by passed %.3fs ago"
+                        " on the store's clock", agent.name, request.task_id, request.step,
+                        request.epoch, DEADLINE_MARGIN - budget)
+            return
         call = self._caller(agent, fn, request)
+        if failpoints.ARMED: await failpoints.hit("agent.before_call")  # noqa: E701
         try:
             async with asyncio.timeout(budget):
                 result = await call_with_retries(
@@ -186,6 +206,7 @@ class AgentRuntime:
             log.info("%s %s/%s: giving up: %r", agent.name, request.task_id, request.step, error)
             await self._reply(request, ok=False, error=f"{type(error).__name__}: {error}")
             return
+        if failpoints.ARMED: await failpoints.hit("agent.after_call")  # noqa: E701
         await self._reply(request, ok=True, result=result)
 
     def _caller(self, agent: AgentFunction, fn: Callable[[AgentRequest], Any],
@@ -193,7 +214,7 @@ class AgentRuntime:
         """Attempt `n` of `fn` on `request`: on the loop, in a worker process, or in a thread."""
         if inspect.iscoroutinefunction(fn):
             async def call_async(n: int) -> Any:
-                return await fn(AgentRequest(request, n))
+                return await fn(AgentRequest(request, n, self.clock))
             return call_async
         pool = self._processes.get(agent.name)
         if pool is not None:
@@ -207,7 +228,8 @@ class AgentRuntime:
 
         async def call_in_thread(n: int) -> Any:
             # a thread cannot be stopped: at the deadline its result is just dropped
-            return await loop.run_in_executor(self._threads, fn, AgentRequest(request, n))
+            return await loop.run_in_executor(self._threads, fn,
+                                              AgentRequest(request, n, self.clock))
         return call_in_thread
 
     async def _reply(self, request: Request, *, ok: bool, result: Any = None,
@@ -238,6 +260,7 @@ class AgentRuntime:
         except PayloadError as exc:  # even the refusal does not fit: the limit is absurd
             log.error("%s/%s: no reply can be sent: %s", request.task_id, request.step, exc)
             return
+        if failpoints.ARMED: await failpoints.hit("agent.before_reply")  # noqa: E701
         await self._send(request, body)
 
     @staticmethod

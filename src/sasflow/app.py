@@ -47,7 +47,7 @@ from sasflow.transport.dead_letter import (
     letter_for,
     log_dead_letter,
 )
-from sasflow.worker import ROLES, Worker
+from sasflow.worker import DEFAULT_HEARTBEAT, ROLES, Worker
 from sasflow.workflow import Step, Workflow
 
 __all__ = ["App", "Migration"]
@@ -422,10 +422,12 @@ class App:
     # ------------------------------------------------------------ running
     def worker(self, *, roles: Sequence[str] = ROLES, agents: Sequence[str] | None = None,
                concurrency: int = 64, supervisor_interval: float = 1.0,
-               instance_id: str | None = None) -> Worker:
+               instance_id: str | None = None, heartbeat: float = DEFAULT_HEARTBEAT,
+               heartbeat_lease: float | None = None) -> Worker:
         return Worker(self, roles=roles, agents=agents, concurrency=concurrency,
                       supervisor_interval=supervisor_interval,
                       instance_id=instance_id or default_instance_id(),
+                      heartbeat=heartbeat, heartbeat_lease=heartbeat_lease,
                       on_applied=self._applied, on_alert=self._alerted)
 
     async def arun(self, **options: Any) -> None:
@@ -469,13 +471,18 @@ class App:
         return self
 
     def stop(self) -> None:
-        """Stop the background roles (they hand back the tasks they hold) and close."""
+        """Stop the background roles (they hand back the tasks they hold) and close,
+        the transport too: a broker's connections are not left open behind."""
         background, self._background = self._background, None
         if background is not None:
 
             async def halt() -> None:
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
+                # on the loop the roles used: a broker client is bound to its loop
+                transport, self._transport = self._transport, None
+                if transport is not None:
+                    await transport.close()
 
             self._portal.run(halt())
         self.close()

@@ -126,10 +126,29 @@ class Plan:
     def expire(self, task: Task, supervisor: str, now: float) -> Transition:
         """The unit at the cursor ran past its complete-by (E9, S8, M3).
 
-        Fenced on the expiry itself, so two supervisors never count it twice.
+        Fenced on the expiry itself, so two supervisors never count it twice, and
+        (as every transition) on the unit it was read at: an owner whose write was
+        held up (a database restart) can record the unit's reply and start the next
+        unit with a complete-by that has passed already, and an expiry decided on
+        the old unit must not then rewind the task to it.
         """
         fence = _Fence(task, owner=task.locked_by, expired_before=now)
         return self._failed_attempt(task, fence, supervisor, now, "expired")
+
+    def orphan(self, task: Task, supervisor: str, now: float) -> Transition:
+        """The unit at the cursor is held by an instance that is gone (its heartbeat
+        lease lapsed, R2): recover it now rather than at its complete-by.
+
+        Fenced on the owner, epoch, state and unit as read: if the owner was only
+        paused and went on to a later unit meanwhile, nothing is written. Counted as
+        a failed attempt, like an expiry (S8, E7): to the task a dead holder and a
+        step that ran out of time are the same thing, and a step that kills every
+        worker that runs it must reach the workflow's threshold rather than be
+        retried for ever.
+        """
+        fence = _Fence(task, owner=task.locked_by)
+        return self._failed_attempt(task, fence, supervisor, now,
+                                    f"holder {task.locked_by} lost its heartbeat lease")
 
     def _failed_attempt(self, task: Task, fence: _Fence, actor: str, now: float,
                         how: str) -> Transition:
@@ -436,7 +455,8 @@ class Plan:
         """The Transition that moves `task` to `state`, fenced on how it was read."""
         transition = Transition(
             task_id=task.task_id, actor=actor, why=why, epoch=fence.epoch,
-            from_state=fence.state, owner=fence.owner, expired_before=fence.expired_before,
+            from_state=fence.state, owner=fence.owner, from_phase=fence.phase,
+            from_cursor=fence.cursor, expired_before=fence.expired_before,
             state=state, phase=task.phase, cursor=task.cursor, locked_by=locked_by,
             complete_by=complete_by, available_at=available_at,
             failure_count=task.failure_count,
@@ -454,9 +474,10 @@ def _names(shape: list[tuple[str, str]]) -> str:
 class _Fence:
     """How the task was read: the transition applies only if it is still so."""
 
-    __slots__ = ("claim", "epoch", "expired_before", "owner", "state")
+    __slots__ = ("claim", "cursor", "epoch", "expired_before", "owner", "phase", "state")
 
     def __init__(self, task: Task, *, owner: str | None, claim: bool = False,
                  expired_before: float | None = None) -> None:
         self.epoch, self.state, self.owner = task.epoch, task.state, owner
+        self.phase, self.cursor = task.phase, task.cursor  # the unit it was read at
         self.claim, self.expired_before = claim, expired_before

@@ -17,11 +17,12 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
-from sasflow.errors import PayloadError
+from sasflow.errors import PayloadError, StoreError
 from sasflow.messages import Reply, Request, decode_reply, encode_within
 from sasflow.model import Phase, Task, TaskState
 from sasflow.plan import Plan
 from sasflow.store.base import Store
+from sasflow.testing import failpoints
 from sasflow.transition import Transition
 from sasflow.transport.base import Transport, agent_queue, reply_queue
 from sasflow.transport.dead_letter import decoded
@@ -109,6 +110,10 @@ class Scheduler:
             if free > 0:
                 try:
                     claimed = await self._claim(free)
+                except StoreError as error:  # the store logs its outage itself
+                    log.warning("claim failed: %s", error)
+                    await asyncio.sleep(_IDLE_POLL_MAX)
+                    continue
                 except Exception:  # the store hiccupped: try again after a pause
                     log.exception("claim failed")
                     await asyncio.sleep(_IDLE_POLL_MAX)
@@ -160,6 +165,7 @@ class Scheduler:
 
     async def _drive(self, task: Task) -> None:
         """Run the task's units one after another while this instance holds it."""
+        if failpoints.ARMED: await failpoints.hit("scheduler.after_claim")  # noqa: E701
         plan = self.plans[task.workflow]
         loop = asyncio.get_running_loop()
         try:
@@ -193,6 +199,7 @@ class Scheduler:
             if reply is None:  # E7: the record stays as it is, expired; the supervisor acts
                 task.locked_by = None
                 return
+            if failpoints.ARMED: await failpoints.hit("scheduler.before_apply_reply")  # noqa: E701
             transition = plan.reply(task, self.instance_id, reply.ok, reply.result, reply.error,
                                     self.store.now(), permanent=reply.permanent)
             if not await self.store.apply(transition):
@@ -211,6 +218,7 @@ class Scheduler:
         delay = max(0.0, request.complete_by - self.store.now())
         timer = loop.call_later(delay, _give_up, future)
         try:
+            if failpoints.ARMED: await failpoints.hit("scheduler.before_publish")  # noqa: E701
             await self.transport.publish(agent_queue(request.agent), body)
             return await future
         finally:

@@ -9,6 +9,16 @@ released (unlocked, pending, claimable after a backoff) for any scheduler to
 take; at the threshold the workflow's policy applies (error + alert,
 compensate, or park).
 
+It also recovers, without waiting for their complete-by, the units held by a
+worker instance that is gone: stopped, or silent past its heartbeat lease (R2).
+A step with a five-minute timeout whose worker was SIGKILLed is then retried
+within the lease and an interval, not five minutes later. The same fences hold
+(owner, epoch, state, the unit's complete-by, the supervisors' lease): if the
+"gone" instance was only paused and went on meanwhile, nothing is written; if
+it wakes after the release, its writes fail their fence and its agents' late
+replies carry the old epoch and are dropped. The released unit runs again only
+through a claim, under a new epoch, so no two runs ever share an epoch.
+
 Several supervisors may run; a lease with an expiry and a fencing epoch elects
 the one that sweeps. When the leader dies its lease runs out and another takes
 over. Each recovery is also fenced with the lease's epoch: a leader that was
@@ -27,11 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
+from sasflow.errors import StoreError
 from sasflow.incidents import IncidentWatch
+from sasflow.model import Task
 from sasflow.plan import Plan
 from sasflow.store.base import Alert, Store
+from sasflow.testing import failpoints
 from sasflow.transition import LeaseFence, Transition
 
 __all__ = ["LEASE_NAME", "Supervisor"]
@@ -94,53 +107,74 @@ class Supervisor:
                     wait = None if due is None else due - self.store.now()
                     if wait is not None and wait > 0:  # (one still expired is left to the interval)
                         delay = min(delay, wait + _EXPIRY_SLACK)
+            except StoreError as error:  # the store logs its outage itself: one line here
+                log.warning("supervisor %s: tick failed: %s", self.instance_id, error)
+                delay = self.interval
             except Exception:  # a store hiccup must not kill the supervisor
                 log.exception("supervisor tick failed")
                 delay = self.interval
             await asyncio.sleep(max(delay, _EXPIRY_SLACK))
 
     async def tick(self) -> int:
-        """Renew or take the lease; if this instance leads, sweep once."""
+        """Renew or take the lease; if this instance leads, sweep once and release
+        what gone instances hold."""
         epoch = await self.store.acquire_lease(LEASE_NAME, self.instance_id, self.lease_ttl)
         if epoch != self.lease_epoch:
             log.info("supervisor %s: %s", self.instance_id,
                      "leading" if epoch is not None else "standing by")
         self.lease_epoch = epoch
-        return await self.sweep() if epoch is not None else 0
+        if epoch is None:
+            return 0
+        return await self.sweep() + await self.release_orphans()
 
     async def sweep(self) -> int:
         """Recover every expired unit once; returns how many this call recovered.
 
         Then, if one is due, the census of incidents (R4).
         """
+        # only the workflows declared here, by name: the others cost nothing (R4)
+        total = await self._recover(lambda limit: self.store.expired(limit, self.plans),
+                                    Plan.expire, "expired")
+        await self.incidents.maybe_check()
+        return total
+
+    async def release_orphans(self) -> int:
+        """Recover every unit held by a gone instance (R2), once an interval: unlike
+        expiries, which have a time to wake up for, they are found by looking."""
+        return await self._recover(lambda limit: self.store.orphaned(limit, self.plans),
+                                   Plan.orphan, "orphaned")
+
+    async def _recover(self, find: Callable[[int], Awaitable[list[Task]]],
+                       decide: Callable[[Plan, Task, str, float], Transition],
+                       what: str) -> int:
+        """Apply `decide` to every task `find` lists, batch after batch."""
         total = 0
         while True:
-            # only the workflows declared here, by name: the others cost nothing (R4)
-            expired = await self.store.expired(self.batch, self.plans)
+            expired = await find(self.batch)
             if not expired:
                 break
             transitions = []
             for task in expired:
-                transition = self.plans[task.workflow].expire(task, self.instance_id,
-                                                              self.store.now())
+                transition = decide(self.plans[task.workflow], task, self.instance_id,
+                                    self.store.now())
                 if self.lease_epoch is not None:  # fenced: a deposed leader writes nothing
                     transition.lease = LeaseFence(LEASE_NAME, self.instance_id,
                                                   self.lease_epoch)
                 transitions.append(transition)
             # applied together: the store group-commits them
+            if failpoints.ARMED: await failpoints.hit("supervisor.before_recover")  # noqa: E701
             applied = await asyncio.gather(*(self.store.apply(t) for t in transitions))
             done = [t for t, ok in zip(transitions, applied, strict=True) if ok]
             for transition in done:
                 self.on_applied(transition)
-            self._log_recoveries(done)
+            self._log_recoveries(done, what)
             total += len(done)
             self.recovered += len(done)
             if len(expired) < self.batch or not done:
                 break
-        await self.incidents.maybe_check()
         return total
 
-    def _log_recoveries(self, done: list[Transition]) -> None:
+    def _log_recoveries(self, done: list[Transition], what: str) -> None:
         """One line per batch: how many, by outcome, and the first few by task and why."""
         if not done:
             return
@@ -149,6 +183,6 @@ class Supervisor:
             outcomes[transition.state.value] = outcomes.get(transition.state.value, 0) + 1
         named = "; ".join(f"{t.task_id} ({t.why})" for t in done[:_LOGGED_PER_BATCH])
         more = len(done) - _LOGGED_PER_BATCH
-        log.info("recovered %d expired task(s) (%s): %s%s", len(done),
+        log.info("recovered %d %s task(s) (%s): %s%s", len(done), what,
                  ", ".join(f"{n} {state}" for state, n in sorted(outcomes.items())), named,
                  f"; and {more} more" if more > 0 else "")

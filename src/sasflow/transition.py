@@ -2,8 +2,14 @@
 
 Schedulers, supervisors and operators compute Transitions with the pure planner
 (plan.py); stores apply them as a single conditional write. A Transition applies
-only if the task still has the epoch, state and owner it was computed from (the
-fence, DESIGN invariants 2 and 4); otherwise nothing at all is written.
+only if the task still has the epoch, state, owner and position (phase and
+cursor) it was computed from (the fence, DESIGN invariants 2 and 4); otherwise
+nothing at all is written.
+
+The position is part of the fence because a scheduler holding a task moves it
+from unit to unit within one epoch, state and owner: a write planned from a read
+of the unit before (a supervisor's expiry, an operator's action) must not land on
+the unit after, rolling a committed step back to be run again.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class Transition(msgspec.Struct, kw_only=True):
     epoch: int
     from_state: TaskState
     owner: str | None  # locked_by must equal this (None: must be unlocked)
+    from_phase: Phase  # and the unit at the cursor the same one: phase...
+    from_cursor: int  # ... and cursor as read
     expired_before: float | None = None  # and complete_by < this (supervisor)
     lease: LeaseFence | None = None  # and the supervisors' lease still held (M3)
     # the task's new values

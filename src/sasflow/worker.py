@@ -4,36 +4,62 @@
 embedded default); a broker transport lets each role run as its own service.
 With a broker, the worker also relays status messages from the store's outbox
 to the queues applications named (E11).
+
+Liveness (R1, R2). Before any role starts, the worker records its first
+heartbeat: the store is reachable, and its clock (on PostgreSQL, the database's)
+has been measured, so the first deadline an agent judges is judged on the
+store's clock. Then it reaches its transport (a broker's client would otherwise
+give up at once if the broker is down). It waits for both as long as it takes.
+Then, every `heartbeat` seconds, it writes its instance row again (`Store.beat`)
+from the same event loop as the roles, so a beat is written only while that
+loop runs and the store answers; a worker that is frozen, wedged or cut off
+from its store stops beating. `sasflow healthcheck --instance-id` reads the row, and supervisors
+release the tasks of an instance whose beat is older than its `heartbeat_lease`.
+On a clean stop the worker says so (`Store.stopped`) after its scheduler has
+handed its tasks back. Under systemd (`Type=notify`), the first beat is
+`READY=1` and each later one `WATCHDOG=1` (sd_notify.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Collection
+import os
+import socket
+from collections.abc import Awaitable, Callable, Collection
 from typing import TYPE_CHECKING
 
 from sasflow.agent import AgentRuntime
 from sasflow.errors import ConfigurationError
+from sasflow.outage import OutageLog
 from sasflow.scheduler import Scheduler
-from sasflow.store.base import Alert
+from sasflow.sd_notify import notify
+from sasflow.store.base import Alert, Instance
 from sasflow.supervisor import Supervisor
 from sasflow.transition import Transition
 
 if TYPE_CHECKING:
     from sasflow.app import App
 
-__all__ = ["ROLES", "Worker"]
+__all__ = ["DEFAULT_HEARTBEAT", "ROLES", "Worker"]
 
 log = logging.getLogger("sasflow.worker")
 
 ROLES = ("scheduler", "agent", "supervisor")
+DEFAULT_HEARTBEAT = 2.0  # seconds between heartbeats
+# The default lease: this many heartbeats may be missed (a long GC pause, a slow
+# store) before the instance counts as gone and its tasks are released.
+_LEASE_BEATS = 5
+_REACH_RETRY_MAX_S = 5.0
+_STOPPED_TIMEOUT_S = 5.0
 
 
 class Worker:
     def __init__(self, app: App, *, roles: Collection[str] = ROLES,
                  agents: Collection[str] | None = None, concurrency: int = 64,
                  supervisor_interval: float = 1.0, instance_id: str,
+                 heartbeat: float = DEFAULT_HEARTBEAT, heartbeat_lease: float | None = None,
                  on_applied: Callable[[Transition], None] = lambda t: None,
                  on_alert: Callable[[Alert], None] = lambda a: None) -> None:
         unknown = set(roles) - set(ROLES)
@@ -43,6 +69,11 @@ class Worker:
                 f" choose from {', '.join(ROLES)}")
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
+        lease = _LEASE_BEATS * heartbeat if heartbeat_lease is None else heartbeat_lease
+        if not 0 < heartbeat < lease:
+            raise ConfigurationError(
+                f"the heartbeat ({heartbeat:g}s) must be > 0 and shorter than its lease"
+                f" ({lease:g}s)")
         served = list(app.agents) if agents is None else list(agents)
         missing = [a for a in served if a not in app.agents]
         if missing:
@@ -55,35 +86,93 @@ class Worker:
         self.scheduler = Scheduler(store, transport, plans, instance_id=instance_id,
                                    concurrency=concurrency, on_applied=on_applied
                                    ) if "scheduler" in self.roles else None
-        self.agents = AgentRuntime(transport, [app.agents[a] for a in served]
-                                   ) if "agent" in self.roles else None
+        # every complete-by was set on the store's clock: agents judge it on that (R1)
+        self.agents = AgentRuntime(transport, [app.agents[a] for a in served],
+                                   clock=store.now) if "agent" in self.roles else None
         self.supervisor = Supervisor(store, plans, instance_id=instance_id,
                                      interval=supervisor_interval, on_applied=on_applied,
                                      on_alert=on_alert) if "supervisor" in self.roles else None
+        self.heartbeat = heartbeat
+        self.instance = Instance(
+            instance_id=instance_id, host=socket.gethostname(), pid=os.getpid(),
+            roles=[r for r in ROLES if r in self.roles],
+            agents=served if self.agents is not None else [],
+            workflows={name: w.version for name, w in app.workflows.items()}, lease=lease)
+        self._beats = OutageLog(log, f"worker {instance_id}'s heartbeat store")
+        self._broker = OutageLog(log, f"worker {instance_id}'s transport")
+        self._relaying = OutageLog(log, f"worker {instance_id}'s status relay")
 
     async def run(self) -> None:
-        """Run the roles until cancelled."""
-        async with asyncio.TaskGroup() as group:
-            if self.agents is not None:
-                group.create_task(self.agents.run())
-            if self.scheduler is not None:
-                group.create_task(self.scheduler.run())
-            if self.supervisor is not None:
-                group.create_task(self.supervisor.run())
-            if self.app.transport.shared:
-                group.create_task(self._relay())
+        """Run the roles until cancelled, beating while they run."""
+        try:
+            await _until_done(lambda: self.app.store.beat(self.instance, first=True),
+                              self._beats)
+            await _until_done(self.app.transport.ping, self._broker)
+            notify("READY=1")
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._beat())
+                if self.agents is not None:
+                    group.create_task(self.agents.run())
+                if self.scheduler is not None:
+                    group.create_task(self.scheduler.run())
+                if self.supervisor is not None:
+                    group.create_task(self.supervisor.run())
+                if self.app.transport.shared:
+                    group.create_task(self._relay())
+        finally:
+            # after the scheduler handed its tasks back: the instance holds nothing now
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_STOPPED_TIMEOUT_S):
+                    await self.app.store.stopped(self.instance.instance_id)
+
+    async def _beat(self) -> None:
+        """Renew the instance's row every `heartbeat` seconds while this loop runs."""
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            try:
+                await self.app.store.beat(self.instance)
+            except Exception as error:  # no beat: the probe and the supervisors will see it
+                self._beats.failed(error)
+            else:
+                self._beats.succeeded()
+                notify("WATCHDOG=1")
 
     async def _relay(self) -> None:
         """Publish outbox status messages (at least once: acked after publishing)."""
         store, transport = self.app.store, self.app.transport
+        backoff = 0.05
         while True:
             try:
                 messages = await store.take_outbox(None, 256)
                 for message in messages:
                     await transport.publish(message.queue, message.body)
                 await store.ack_outbox([m.id for m in messages])
-            except Exception:
-                log.exception("status relay failed; retrying")
-                messages = []
+            except Exception as error:  # store or broker down: one line, then backing off
+                self._relaying.failed(error)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _REACH_RETRY_MAX_S)
+                continue
+            self._relaying.succeeded()
+            backoff = 0.05
             if len(messages) < 256:
                 await asyncio.sleep(0.05)
+
+
+async def _until_done(attempt: Callable[[], Awaitable[None]], outage: OutageLog) -> None:
+    """Run `attempt` until it succeeds, with capped backoff, for as long as it takes (R2).
+
+    A configuration error is raised at once: waiting would not mend it.
+    """
+    delay = 0.1
+    while True:
+        try:
+            await attempt()
+        except ConfigurationError:
+            raise
+        except Exception as error:  # down or not ready yet: wait for it
+            outage.failed(error)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _REACH_RETRY_MAX_S)
+        else:
+            outage.succeeded()
+            return

@@ -131,9 +131,20 @@ def read_env_file(path: Path) -> dict[str, str]:
     return env
 
 
-def unit_environment(unit: Unit, local: dict[str, dict[str, str]]) -> dict[str, str]:
+def specifiers(unit: Unit, line: str, instance: str | None) -> str:
+    """`line` with the specifiers systemd expands: %i and %I (the instance), %H, %%."""
+    if instance is not None:
+        line = line.replace("%i", instance).replace("%I", instance)
+    line = line.replace("%H", socket.gethostname()).replace("%%", "%")
+    assert "%" not in line, f"{unit.name}: a specifier this test does not expand: {line}"
+    return line
+
+
+def unit_environment(unit: Unit, local: dict[str, dict[str, str]],
+                     instance: str | None = None) -> dict[str, str]:
     """The unit's EnvironmentFiles (the examples in deploy/systemd/) in order, then its
-    Environment= lines; `local` replaces chosen values, per file, by the local servers'."""
+    Environment= lines (specifiers expanded); `local` replaces chosen values, per file,
+    by the local servers'."""
     env: dict[str, str] = {}
     for entry in unit.entries.get("EnvironmentFile", []):
         name = Path(entry.removeprefix("-")).name
@@ -146,7 +157,7 @@ def unit_environment(unit: Unit, local: dict[str, dict[str, str]]) -> dict[str, 
         env.update(values)
         env.update(replaced)
     for line in unit.entries.get("Environment", []):
-        for word in shlex.split(line):
+        for word in shlex.split(specifiers(unit, line, instance)):
             key, _, value = word.partition("=")
             env[key] = value
     return env
@@ -154,11 +165,7 @@ def unit_environment(unit: Unit, local: dict[str, dict[str, str]]) -> dict[str, 
 
 def exec_start(unit: Unit, env: dict[str, str], instance: str | None = None) -> list[str]:
     """ExecStart as systemd expands it: %i, ${VAR} (one word) and $VAR (split)."""
-    line = unit.one("ExecStart").lstrip("-@:+!")
-    if instance is not None:
-        line = line.replace("%i", instance).replace("%I", instance)
-    line = line.replace("%H", socket.gethostname()).replace("%%", "%")
-    assert "%" not in line, f"{unit.name}: a specifier this test does not expand: {line}"
+    line = specifiers(unit, unit.one("ExecStart").lstrip("-@:+!"), instance)
     argv: list[str] = []
     for word in shlex.split(line):
         whole = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", word)
@@ -177,8 +184,8 @@ def sasflow_command_lines() -> list[tuple[str, list[str]]]:
     for unit in units().values():
         instances = list(demo.agents) if unit.name.endswith("@.service") else [None]
         for instance in instances:
-            found.append((f"{unit.name} ({instance})",
-                          exec_start(unit, unit_environment(unit, {}) | demo_env, instance)))
+            env = unit_environment(unit, {}, instance) | demo_env
+            found.append((f"{unit.name} ({instance})", exec_start(unit, env, instance)))
     for name, service in compose()["services"].items():
         command = service.get("command")
         if isinstance(command, list) and command and command[0] == "sasflow":
@@ -340,7 +347,9 @@ def schema_url(schema: str, user: str = "postgres", port: int = 5432) -> str:
 def test_manifest_healthchecks_and_upgrade_on_postgres_and_rabbitmq(
         private_schema: str, tmp_path: Path) -> None:
     """The probes' command lines as processes: 1 before `db upgrade` (so the init
-    containers wait for the Job), 0 after it, non-zero when either server is down."""
+    containers wait for the Job), 0 after it (the workers' probes: once a worker named
+    as they name it beats), non-zero when either server is down, and the workers'
+    probes 1 once that worker has stopped."""
     lines = sasflow_command_lines()
     checks = {tuple(argv) for _, argv in lines if argv[1] == "healthcheck"}
     upgrades = {tuple(argv) for where, argv in lines
@@ -355,16 +364,35 @@ def test_manifest_healthchecks_and_upgrade_on_postgres_and_rabbitmq(
     for upgrade in sorted(upgrades):  # the Job's and compose's: twice is harmless
         done = sasflow(list(upgrade), up, tmp_path)
         assert done.returncode == 0, (upgrade, done.stderr)
-    for check in sorted(checks):
-        healthy = sasflow(list(check), up, tmp_path)
-        assert (healthy.returncode, healthy.stdout.strip()) == (0, "ok"), (check, healthy.stderr)
-        for down in (clean_env(SASFLOW_STORE=schema_url(private_schema, port=1),
-                               SASFLOW_TRANSPORT=AMQP),
-                     clean_env(SASFLOW_STORE=store,
-                               SASFLOW_TRANSPORT="amqp://guest:guest@127.0.0.1:1/")):
-            failed = sasflow(list(check), down, tmp_path)
-            assert failed.returncode != 0, (check, down, failed.stdout)
-            assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    beating = sorted(c for c in checks if "--instance-id" in c)
+    assert beating, "the workers' probes check their own worker's heartbeat"
+    # a worker named as the containers name theirs (a supervisor: it consumes no queue)
+    worker = Process("probed", [str(SASFLOW), "worker", SHOP, "--roles", "supervisor",
+                                "--instance-id", "{host}"], up, tmp_path)
+    try:
+        deadline = time.monotonic() + WAIT
+        while (first := sasflow(list(beating[0]), up, tmp_path)).returncode != 0:
+            assert worker.popen.poll() is None, worker.text()
+            assert time.monotonic() < deadline, (first.stderr, worker.text())
+            time.sleep(0.2)
+        for check in sorted(checks):
+            healthy = sasflow(list(check), up, tmp_path)
+            assert (healthy.returncode, healthy.stdout.strip()) == (0, "ok"), (
+                check, healthy.stderr)
+            for down in (clean_env(SASFLOW_STORE=schema_url(private_schema, port=1),
+                                   SASFLOW_TRANSPORT=AMQP),
+                         clean_env(SASFLOW_STORE=store,
+                                   SASFLOW_TRANSPORT="amqp://guest:guest@127.0.0.1:1/")):
+                failed = sasflow(list(check), down, tmp_path)
+                assert failed.returncode != 0, (check, down, failed.stdout)
+                assert len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    finally:
+        worker.popen.send_signal(signal.SIGTERM)
+        assert worker.popen.wait(timeout=WAIT) == 0, worker.text()
+    for check in beating:
+        stopped = sasflow(list(check), up, tmp_path)
+        assert stopped.returncode == 1 and "stopped" in stopped.stderr, stopped.stderr
+        assert len(stopped.stderr.strip().splitlines()) == 1, stopped.stderr
 
 
 def guide_grants(owner: str, app: str, schema: str) -> str:
@@ -453,9 +481,9 @@ def test_systemd_units_run_a_task_on_postgres_and_rabbitmq_with_the_guides_grant
     try:
         for name in WORKER_UNITS:
             unit = found[name]
-            env = unit_environment(unit, local)
-            assert env["SASFLOW_STORE"] == local["sasflow.env"]["SASFLOW_STORE"]
             for instance in SHOP_AGENTS if name.endswith("@.service") else (None,):
+                env = unit_environment(unit, local, instance)
+                assert env["SASFLOW_STORE"] == local["sasflow.env"]["SASFLOW_STORE"]
                 label = name.replace("@", f"@{instance}") if instance else name
                 processes.append(Process(label, exec_start(unit, env, instance),
                                          clean_env(**env), tmp_path))

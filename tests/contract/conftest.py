@@ -70,6 +70,8 @@ def postgres_schema(tmp_path: Path) -> str:
 STORES: dict[str, Callable[[Path], str]] = {
     "postgres": postgres_schema,
     "sqlite": lambda tmp_path: f"sqlite:///{tmp_path / 'contract.db'}",
+    # the simulation's store: named per test, shared by the stores opened on that name
+    "memory": lambda tmp_path: f"memory://contract-{uuid.uuid4().hex}",
 }
 
 def redis_transport() -> str:
@@ -87,6 +89,8 @@ def rabbitmq_transport() -> str:
 # backend name -> the URL of a transport for one test (queue names are made unique)
 TRANSPORTS: dict[str, Callable[[], str]] = {
     "memory": lambda: "memory",
+    # the simulation's broker (sasflow.testing), faults off: a plain broker with acks
+    "sim": lambda: "sim",
     "redis": redis_transport,
     "rabbitmq": rabbitmq_transport,
 }
@@ -140,7 +144,7 @@ async def make_transport(request: pytest.FixtureRequest) -> AsyncIterator[Transp
     emptied at its end."""
     url = TRANSPORTS[request.param]()
     private: dict[str, str] = {}
-    if request.param != "memory":
+    if request.param not in ("memory", "sim"):  # (in-process: their own, in memory)
         private["dead_letters"] = f"contract.{uuid.uuid4().hex[:12]}.dead-letters"
     opened: list[Transport] = []
 

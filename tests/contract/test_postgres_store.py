@@ -158,6 +158,26 @@ async def test_without_an_injected_clock_now_is_the_databases_clock(
 
 
 @on_postgres
+@pytest.mark.parametrize("skew", [300.0, -300.0], ids=["ahead", "behind"])
+async def test_the_databases_clock_ignores_this_hosts_wall_clock(
+        make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch, skew: float) -> None:
+    """R1: once measured, `now()` stays the database's clock when this host's wall clock
+    is set 5 minutes off (read from the monotonic clock, not from time.time)."""
+    store = postgres(make_store)
+    await store.next_expiry()  # the first connection measures the clock
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + skew)
+    async with await psycopg.AsyncConnection.connect(store.conninfo) as conn:
+        row = await (await conn.execute(
+            "SELECT extract(epoch FROM clock_timestamp())::float8")).fetchone()
+    assert row is not None
+    assert abs(store.now() - row[0]) < 0.5  # before the store has talked to the database again
+    await submitted(store, "t1")
+    [task] = await store.claim("s1", 1, PLANS)
+    assert task.complete_by is not None and abs(task.complete_by - 5.0 - row[0]) < 0.5
+
+
+@on_postgres
 async def test_a_serialization_failure_is_retried(make_store: StoreFactory,
                                                   clock: Clock) -> None:
     """A transaction the server aborts with SQLSTATE 40001 is run again, not reported."""

@@ -299,7 +299,8 @@ async def test_the_store_refuses_a_move_the_lifecycle_forbids(store: Store,
     """Stores check model.can_move: processed -> pending is refused with StoreError."""
     await submitted(store, "order-1")
     forbidden = Transition(task_id="order-1", actor="x", why="bad", epoch=0,
-                           from_state=T.PROCESSED, owner=None, state=T.PENDING,
+                           from_state=T.PROCESSED, owner=None, from_phase=Phase.DO,
+                           from_cursor=0, state=T.PENDING,
                            phase=Phase.DO, cursor=0, locked_by=None, failure_count=0)
     with pytest.raises(StoreError):
         await store.apply(forbidden)
@@ -393,6 +394,65 @@ async def test_an_expiry_decided_before_the_deadline_is_not_applied(store: Store
     assert (await fresh(store, "order-1")).state is T.PROCESSING
 
 
+async def test_an_expiry_read_before_the_reply_landed_does_not_undo_the_step(
+        store: Store, clock: Clock) -> None:
+    """A reply whose write landed after the next step's complete-by (the database was
+    down meanwhile) leaves the task in the same epoch, state and owner; the expiry the
+    supervisor read before it must not roll the completed step back to be run again."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    clock.advance(4.9)  # the reply comes just before reserve's complete-by...
+    reply = plan.reply(task, "s1", True, {"sku": 7}, None, clock.now)
+    clock.advance(10.2)  # ...but its write lands past charge's: already expired
+    [seen] = await store.expired(10)  # the supervisor reads reserve running, expired
+    assert (seen.cursor, seen.steps[0].state) == (0, S.RUNNING)
+    assert await store.apply(reply)
+    assert not await store.apply(plan.expire(seen, "sup", clock.now))
+    stored = await fresh(store, "order-1")
+    assert (stored.cursor, stored.steps[0].state, stored.steps[0].result) == (
+        1, S.COMPLETED, {"sku": 7})
+    [expired] = await store.expired(10)  # charge's own expiry, read now, applies
+    assert await store.apply(plan.expire(expired, "sup", clock.now))
+    stored = await fresh(store, "order-1")
+    assert (stored.cursor, stored.steps[0].state, stored.steps[1].state) == (
+        1, S.COMPLETED, S.PENDING)
+
+
+async def test_an_operator_action_read_before_a_reply_landed_is_refused(
+        store: Store, clock: Clock) -> None:
+    """An operator's compensation planned from the task before the scheduler's reply
+    advanced it (same epoch, state and owner) is refused: applied, it would undo from
+    the step it read and leave the running one's effect never undone."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    read = await fresh(store, "order-1")
+    assert await store.apply(plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
+    assert not await store.apply(plan.compensate(read, clock.now))
+    stored = await fresh(store, "order-1")
+    assert (stored.state, stored.cursor, stored.locked_by) == (T.PROCESSING, 1, "s1")
+    assert await store.apply(plan.compensate(stored, clock.now))  # read again: it applies
+
+
+async def test_an_expiry_decided_on_a_unit_its_owner_has_left_is_not_applied(
+        store: Store, clock: Clock) -> None:
+    """M1: the owner's reply, held up past the complete-by (a database restart), records
+    the step and starts the next with a complete-by already past; the supervisor's
+    expiry, read before, must not rewind the task to the completed step."""
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    planned_at = clock.now
+    clock.advance(6)  # reserve (5 s) expired; the owner's write is still on its way
+    [stale] = await store.expired(10)
+    late = PLANS["order"].reply(task, "s1", True, {"sku": 1}, None, planned_at + 0.5)
+    assert await store.apply(late)  # charge started, its complete-by (10 s) not yet passed
+    clock.advance(5)  # now charge's has passed too
+    assert not await store.apply(PLANS["order"].expire(stale, "sup", clock.now))
+    stored = await fresh(store, "order-1")
+    assert (stored.cursor, stored.locked_by, stored.steps[0].state) == (1, "s1", S.COMPLETED)
+
+
 async def test_concurrent_supervisors_count_an_expiry_once(store: Store, clock: Clock) -> None:
     """M3: two supervisors recovering the same expiry at once: one applies, FailureCount 1."""
     await submitted(store, "order-1")
@@ -463,6 +523,123 @@ async def test_a_stopped_instance_says_so_until_it_beats_again(store: Store,
     await store.beat(instance("w-1"))
     [running] = await store.instances(instance_id="w-1")
     assert running.stopped_at is None and running.beat_at == clock.now
+
+
+async def test_an_instance_keeps_the_lease_it_declares(store: Store) -> None:
+    """R2: the heartbeat lease an instance declares is stored with its beat."""
+    await store.beat(Instance(instance_id="w-1", host="h", pid=1, roles=["agent"], agents=[],
+                              workflows={}, lease=7.5))
+    [found] = await store.instances(instance_id="w-1")
+    assert found.lease == 7.5
+
+
+async def test_orphaned_lists_the_tasks_of_gone_instances_only(store: Store,
+                                                               clock: Clock) -> None:
+    """R2: tasks locked by an instance silent past its lease, or stopped, are orphaned;
+    not those of an instance that beats, nor those whose owner never beat (left to
+    their complete-by), nor unlocked ones."""
+    await submitted(store, "t-alive", "t-silent", "t-stopped", "t-unknown", "t-free")
+    for owner, task_id in (("alive", "t-alive"), ("silent", "t-silent"),
+                           ("stopped", "t-stopped"), ("unknown", "t-unknown")):
+        if owner != "unknown":  # as a worker of a release without heartbeats
+            await store.beat(Instance(instance_id=owner, host="h", pid=1,
+                                      roles=["scheduler"], agents=[], workflows={}, lease=3.0))
+        [task] = await store.claim(owner, 1, PLANS)
+        assert task.task_id == task_id
+    await store.stopped("stopped")
+    assert [t.task_id for t in await store.orphaned(10)] == ["t-stopped"]
+    clock.advance(2.0)
+    await store.beat(Instance(instance_id="alive", host="h", pid=1, roles=["scheduler"],
+                              agents=[], workflows={}, lease=3.0))
+    clock.advance(1.5)  # "silent" beat 3.5 s ago, past its 3 s lease; "alive" 1.5 s ago
+    orphans = await store.orphaned(10)
+    assert sorted(t.task_id for t in orphans) == ["t-silent", "t-stopped"]
+    assert all(len(t.steps) == 3 and t.steps[0].state is S.RUNNING for t in orphans)
+    assert [t.task_id for t in await store.orphaned(1)] in (["t-silent"], ["t-stopped"])
+
+
+async def test_tasks_an_earlier_process_left_under_the_same_id_are_orphaned(
+        store: Store, clock: Clock) -> None:
+    """R2: a restarted container keeps its name, so its worker beats under the same id
+    at once; what the dead process held is orphaned all the same, and what the new
+    one claims is not, through its later beats too."""
+    declared = Instance(instance_id="pod-1", host="h", pid=1, roles=["scheduler"], agents=[],
+                        workflows={}, lease=10.0)
+    await submitted(store, "t-old", "t-new")
+    await store.beat(declared, first=True)
+    [old] = await store.claim("pod-1", 1, PLANS)
+    clock.advance(5.0)  # killed; its successor starts well within the lease
+    await store.beat(declared, first=True)
+    [new] = await store.claim("pod-1", 1, PLANS)
+    assert (old.task_id, new.task_id) == ("t-old", "t-new")
+    clock.advance(3.0)
+    await store.beat(declared)
+    assert [t.task_id for t in await store.orphaned(10)] == ["t-old"]
+    [found] = await store.instances(instance_id="pod-1")
+    assert found.started_at == clock.now - 3.0
+
+
+async def test_an_orphan_is_released_at_once_and_counted(store: Store, clock: Clock) -> None:
+    """Part 4: the gone holder's unit is released before its complete-by, fenced by the
+    supervisors' lease, counted as a failure; the history names the heartbeat."""
+    await submitted(store, "order-1")
+    await store.beat(Instance(instance_id="dead", host="h", pid=1, roles=["scheduler"],
+                              agents=[], workflows={}, lease=1.0))
+    claimed = await claim_one(store, "dead")
+    clock.advance(2.0)  # past the lease, well before the step's complete-by
+    assert claimed.complete_by is not None and clock.now < claimed.complete_by
+    epoch = await store.acquire_lease("supervisor", "sup", 3.0)
+    assert epoch is not None
+    [orphan] = await store.orphaned(10)
+    release = PLANS["order"].orphan(orphan, "sup", clock.now)
+    release.lease = LeaseFence("supervisor", "sup", epoch)
+    assert await store.apply(release)
+    stored = await fresh(store, "order-1")
+    assert (stored.state, stored.locked_by, stored.failure_count, stored.epoch) == (
+        T.PENDING, None, 1, claimed.epoch)
+    *_, released = [h for h in await store.history("order-1") if h.step is None]
+    assert "holder dead lost its heartbeat lease" in (released.why or "")
+    assert await store.orphaned(10) == []
+    clock.advance(1.0)  # the workflow's retry backoff
+    again = await claim_one(store, "alive")
+    assert again.epoch == claimed.epoch + 1
+
+
+async def test_an_orphan_release_is_not_applied_once_its_holder_went_on(
+        store: Store, clock: Clock) -> None:
+    """Part 4: a holder that was only paused, and completed its step before the release
+    landed, keeps its task: the release is fenced on the unit's complete-by."""
+    await submitted(store, "order-1")
+    await store.beat(Instance(instance_id="paused", host="h", pid=1, roles=["scheduler"],
+                              agents=[], workflows={}, lease=1.0))
+    task = await claim_one(store, "paused")
+    clock.advance(2.0)
+    [orphan] = await store.orphaned(10)
+    plan = PLANS["order"]
+    assert await store.apply(plan.reply(task, "paused", True, {"ok": 1}, None, clock.now))
+    late = plan.orphan(orphan, "sup", clock.now)
+    assert not await store.apply(late)
+    stored = await fresh(store, "order-1")
+    assert (stored.locked_by, stored.cursor, stored.failure_count) == ("paused", 1, 0)
+    assert stored.steps[0].state is S.COMPLETED
+
+
+async def test_an_orphan_release_by_a_deposed_supervisor_is_not_applied(
+        store: Store, clock: Clock) -> None:
+    """M3: the release carries the supervisors' lease fence like every recovery."""
+    await submitted(store, "order-1")
+    await store.beat(Instance(instance_id="dead", host="h", pid=1, roles=["scheduler"],
+                              agents=[], workflows={}, lease=1.0))
+    await claim_one(store, "dead")
+    old = await store.acquire_lease("supervisor", "sup-1", 1.0)
+    assert old is not None
+    clock.advance(2.0)
+    assert await store.acquire_lease("supervisor", "sup-2", 3.0) is not None
+    [orphan] = await store.orphaned(10)
+    release = PLANS["order"].orphan(orphan, "sup-1", clock.now)
+    release.lease = LeaseFence("supervisor", "sup-1", old)
+    assert not await store.apply(release)
+    assert (await fresh(store, "order-1")).locked_by == "dead"
 
 
 # ---------------------------------------------------------------- leases (M3)

@@ -10,12 +10,15 @@ check (skip on a laptop without the servers, fail in CI) runs first.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from harness import Broker, Postgres
+from matrix import BACKENDS, Backend
 from scenarioapp import STEP_TIMEOUT
 from servers import PrivatePostgres, PrivateRabbit, PrivateRedis
 
@@ -25,6 +28,19 @@ from sasflow.examples.orders.remote import Faults, RemoteService
 # lost and late replies (the latter after the step's complete-by) leave an effect
 # applied that only the idempotency key keeps from being applied again.
 FAULTS = Faults(transient=0.08, slow=0.02, slow_s=STEP_TIMEOUT + 0.5, lost=0.02, seed=2025)
+
+
+LONG_ENV = "SASFLOW_LONG"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the long variants out unless SASFLOW_LONG=1 (docs/reliability.md)."""
+    if os.environ.get(LONG_ENV) == "1":
+        return
+    long = [item for item in items if item.get_closest_marker("long")]
+    if long:
+        config.hook.pytest_deselected(items=long)
+        items[:] = [item for item in items if not item.get_closest_marker("long")]
 
 
 class _Session:
@@ -63,25 +79,49 @@ def postgres(_private_servers: _Session, request: pytest.FixtureRequest) -> Post
     return Postgres(server, server.create_database(name))
 
 
+@contextlib.contextmanager
+def private_broker(kind: str, root: Path) -> Iterator[Broker]:
+    """A private broker of `kind` (rabbitmq, redis, redis-volatile), closed afterwards."""
+    server: PrivateRabbit | PrivateRedis
+    if kind == "rabbitmq":
+        server = PrivateRabbit(root / "rabbitmq")
+        url = server.url
+    else:
+        server = PrivateRedis(root / "redis", persistent=kind == "redis")
+        # a dead agent's unacked requests are taken over after 5 s, not the default 30
+        url = f"{server.url}?prefix=scenario:&visibility_timeout=5"
+    try:
+        server.start()
+        yield Broker(kind, server, url)
+    finally:
+        server.close()
+
+
 @pytest.fixture(params=["rabbitmq", "redis", "redis-volatile"])
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broker]:
     """A private broker. ``redis`` keeps an fsynced append-only file, so a restart loses
     nothing acknowledged (like RabbitMQ's durable queues); ``redis-volatile`` keeps
     nothing, so its restart loses every queued request and reply, and only the
     supervisors' expiry of the steps concerned brings them back."""
-    server: PrivateRabbit | PrivateRedis
-    if request.param == "rabbitmq":
-        server = PrivateRabbit(tmp_path / "rabbitmq")
-        url = server.url
-    else:
-        server = PrivateRedis(tmp_path / "redis", persistent=request.param == "redis")
-        # a dead agent's unacked requests are taken over after 5 s, not the default 30
-        url = f"{server.url}?prefix=scenario:&visibility_timeout=5"
-    try:
-        server.start()
-        yield Broker(request.param, server, url)
-    finally:
-        server.close()
+    with private_broker(request.param, tmp_path) as found:
+        yield found
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """The fault matrix's backends: SQLite (in-process transport), or the private
+    PostgreSQL with the in-process transport, a private RabbitMQ or a private Redis."""
+    name: str = request.param
+    if name == "sqlite":
+        yield Backend(name, f"sqlite:///{tmp_path / 'store.db'}", None, None)
+        return
+    database: Postgres = request.getfixturevalue("postgres")
+    kind = name.removeprefix("postgres-")
+    if kind == "memory":
+        yield Backend(name, database.url, database, None)
+        return
+    with private_broker(kind, tmp_path) as found:
+        yield Backend(name, database.url, database, found)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ class Worker:
     popen: subprocess.Popen[bytes]
     log: Path
     killed: bool = False  # by the scenario, on purpose
+    stopped: bool = False  # SIGTERMed by the scenario, at the end
 
     @property
     def pid(self) -> int:
@@ -57,6 +59,41 @@ class Worker:
             os.kill(self.pid, signal.SIGKILL)
         self.popen.wait(timeout=10)
 
+    def freeze(self) -> float:
+        """SIGSTOP, and wait until the kernel shows it stopped; returns when it was."""
+        os.kill(self.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while self.proc_state() != "T":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} did not stop on SIGSTOP")
+            time.sleep(0.001)
+        return time.time()
+
+    def thaw(self) -> float:
+        """SIGCONT; returns a time before it could run again."""
+        at = time.time()
+        os.kill(self.pid, signal.SIGCONT)
+        return at
+
+    def connected_to(self, port: int) -> bool:
+        """Whether the process has an established TCP connection to 127.0.0.1:`port`."""
+        found = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{port} )"],
+                               capture_output=True, text=True, check=False).stdout
+        return f"pid={self.pid}," in found
+
+    def proc_state(self) -> str:
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2]
+
+    def wait_stopped(self, timeout: float) -> None:
+        """Wait for the exit that a SIGTERM asked for; SIGKILL after `timeout` (a hang
+        guard: the exit status then says it did not stop)."""
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+
     def tail(self, lines: int = 60) -> str:
         try:
             text = self.log.read_text(errors="replace").splitlines()[-lines:]
@@ -65,6 +102,8 @@ class Worker:
         state = "running" if self.alive else f"exited {self.popen.returncode}"
         if self.killed:
             state += ", SIGKILLed by the scenario"
+        elif self.stopped:
+            state += ", SIGTERMed by the scenario"
         return (f"--- {self.name} (roles {self.roles}"
                 f"{', agents ' + self.agents if self.agents else ''}; pid {self.pid}, {state};"
                 f" log {self.log}) ---\n" + "\n".join(text))
@@ -94,13 +133,20 @@ class Broker:
 
 
 class StoreReader:
-    """Read-only queries on the store's database; None while it cannot be reached."""
+    """Read-only queries on the store's database; None while it cannot be reached.
+
+    The SQL is PostgreSQL's (``%s`` parameters); on a ``sqlite:///PATH`` store the
+    same queries run on the file, each in a connection of its own.
+    """
 
     def __init__(self, url: str) -> None:
         self.url = url
         self._conn: psycopg.Connection[Any] | None = None
+        self._sqlite = url[len("sqlite:///"):] if url.startswith("sqlite:///") else None
 
     def rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]] | None:
+        if self._sqlite is not None:
+            return self._sqlite_rows(sql.replace("%s", "?"), params)
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=2)
@@ -108,6 +154,19 @@ class StoreReader:
         except psycopg.OperationalError:
             self.close()
             return None
+
+    def _sqlite_rows(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]] | None:
+        assert self._sqlite is not None
+        try:
+            conn = sqlite3.connect(f"file:{self._sqlite}?mode=ro", uri=True, timeout=5)
+        except sqlite3.OperationalError:
+            return None
+        try:
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.OperationalError:  # locked, or a disk the test filled
+            return None
+        finally:
+            conn.close()
 
     def must(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Rows, retrying for up to 20 s (the store may be restarting)."""
@@ -138,14 +197,18 @@ class Cluster:
 
     # ------------------------------------------------------------ processes
     def spawn(self, name: str, roles: str, agents: Iterable[str] = (), *,
-              concurrency: int = 32, interval: float = 0.25) -> Worker:
+              concurrency: int = 32, interval: float = 0.25, store: str | None = None,
+              transport: str | None = None, extra_env: dict[str, str] | None = None) -> Worker:
+        """A ``sasflow worker`` process; `store` and `transport` default to the cluster's
+        (a test gives its own to route one worker through a fault proxy)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("SASFLOW_")}
         env.update({scenarioapp.REMOTE_ENV: self.remote_url,
                     scenarioapp.PARENT_ENV: str(os.getpid()),
-                    "PYTHONUNBUFFERED": "1"})
+                    "PYTHONUNBUFFERED": "1", **(extra_env or {})})
         agent_list = ",".join(agents) or None
         command = [sys.executable, str(APP_FILE), "worker", APP_REF, "--roles", roles,
-                   "--store", self.store_url, "--transport", self.transport_url,
+                   "--store", store or self.store_url,
+                   "--transport", transport or self.transport_url,
                    "--instance-id", name, "--concurrency", str(concurrency),
                    "--supervisor-interval", str(interval), "--log-level", "info"]
         if agent_list:
@@ -164,7 +227,17 @@ class Cluster:
         return next(w for w in self.workers if w.name == name)
 
     def died_on_their_own(self) -> list[Worker]:
-        return [w for w in self.workers if not w.killed and not w.alive]
+        return [w for w in self.workers if not w.killed and not w.stopped and not w.alive]
+
+    def stop(self, timeout: float = 60.0) -> list[Worker]:
+        """Stop every live worker cleanly, all at once; those that did not exit 0."""
+        live = [w for w in self.workers if w.alive]
+        for worker in live:
+            worker.stopped = True
+            os.kill(worker.pid, signal.SIGTERM)
+        for worker in live:
+            worker.wait_stopped(timeout)
+        return [w for w in live if w.popen.returncode != 0]
 
     def close(self) -> None:
         try:
@@ -186,10 +259,23 @@ class Cluster:
                             " WHERE locked_by IS NOT NULL GROUP BY locked_by") or []
         return Counter({r[0]: int(r[1]) for r in rows})
 
+    def lease(self) -> tuple[str, int, float] | None:
+        """The supervisor lease: (holder, epoch, expires_at), None if never taken."""
+        rows = self.db.rows("SELECT holder, epoch, expires_at FROM leases"
+                            " WHERE name = 'supervisor'")
+        return (rows[0][0], int(rows[0][1]), float(rows[0][2])) if rows else None
+
+    def claims(self, actor: str, since: float = 0.0) -> set[str]:
+        """Tasks `actor` claimed (or took back to compensate) after `since`."""
+        rows = self.db.must("SELECT DISTINCT task_id FROM history WHERE actor = %s"
+                            " AND step IS NULL AND at > %s AND why LIKE %s",
+                            (actor, since, "claimed%"))
+        return {r[0] for r in rows}
+
     def leader(self) -> str | None:
-        rows = self.db.rows("SELECT holder FROM leases WHERE name = 'supervisor'"
-                            " AND expires_at > extract(epoch from clock_timestamp())")
-        return rows[0][0] if rows else None
+        """The supervisor holding an unexpired lease (stores and tests share a host clock)."""
+        lease = self.lease()
+        return lease[0] if lease is not None and lease[2] > time.time() else None
 
     def wait_for(self, what: str, condition: Callable[[], T | None], timeout: float,
                  poll: float = 0.1) -> T:

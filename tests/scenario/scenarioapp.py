@@ -14,7 +14,15 @@ the remote service is shared between processes:
 * ``"card": "declined"``: the remote refuses the charge (HTTP 402), so the
   reservation is released;
 * ``"refuse_ship": true``: the shipping agent refuses the order before calling
-  the remote, so the charge is refunded, then the reservation released.
+  the remote, so the charge is refunded, then the reservation released;
+* with it, ``"refund_fault": "permanent"``: the refund fails for good (the
+  compensator raises PermanentError before calling the remote);
+  ``"refund_fault": "hang"``: the refund is applied, then the compensator hangs
+  past its complete-by, on every attempt.
+
+A worker started with ``SCENARIO_STALL_AT=refund`` (operations, comma-separated) in
+its environment hangs after the remote applied each of those operations, whatever
+the order, holding its task: a test SIGKILLs it there (mid-compensation, say).
 
 Run a worker with ``python scenarioapp.py worker scenarioapp.py:app --store URL
 --transport URL ...``: the arguments are ``sasflow``'s own; this entry point
@@ -24,6 +32,7 @@ its threads' stacks on SIGUSR1 (for a test that timed out).
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import faulthandler
 import os
@@ -35,7 +44,8 @@ from sasflow import AgentRequest, App, PermanentError, Step
 from sasflow.cli import main as sasflow_main
 from sasflow.examples.orders.app import REMOTE_ENV, call_remote
 
-__all__ = ["MAX_FAILURES", "PARENT_ENV", "REMOTE_ENV", "STEPS", "STEP_TIMEOUT", "UNDO", "WORKFLOW",
+__all__ = ["MAX_FAILURES", "PARENT_ENV", "REMOTE_ENV", "STALL_ENV", "STEPS", "STEP_TIMEOUT",
+           "UNDO", "WORKFLOW",
            "app", "build_app", "order_input", "remote"]
 
 WORKFLOW = "order"
@@ -45,9 +55,11 @@ UNDO = {"reserve": "release", "charge": "refund"}  # step -> the operation undoi
 # Short windows keep a recovery within seconds: a step whose agent died, or whose
 # request was lost with a broker, expires after STEP_TIMEOUT and is dispatched again.
 STEP_TIMEOUT = 3.0
-MAX_FAILURES = 6  # expiries of one step before it is given up (in doubt) and undone
+MAX_FAILURES = 6  # expiries of one task (all its units) before it is given up and undone
 RETRY_BACKOFF = 0.1
 PARENT_ENV = "SCENARIO_PARENT_PID"
+STALL_ENV = "SCENARIO_STALL_AT"
+HANG_FOR = 3600.0  # a hung compensator never wakes up on its own
 
 _AGENT_OPTIONS: dict[str, Any] = {"attempts": 20, "initial_wait": 0.02, "max_wait": 0.3,
                                   "failure_threshold": 50, "reset_timeout": 0.5}
@@ -67,6 +79,8 @@ async def remote(operation: str, req: AgentRequest, body: dict[str, Any]) -> dic
     remote applied with the one unit of work in the store that caused it.
     """
     reply = await call_remote(operation, req, body)
+    if operation in os.environ.get(STALL_ENV, "").split(","):
+        await asyncio.sleep(HANG_FOR)
     return {"effect_id": reply["effect_id"], "operation": operation,
             "key": req.idempotency_key, "pid": os.getpid()}
 
@@ -90,7 +104,13 @@ def build_app() -> App:
 
     @charge.compensator
     async def refund(req: AgentRequest) -> Any:
-        return await remote("refund", req, {"order_id": req.input["order_id"]})
+        fault = req.input.get("refund_fault")
+        if fault == "permanent":
+            raise PermanentError(f"refund of order {req.input['order_id']} refused")
+        done = await remote("refund", req, {"order_id": req.input["order_id"]})
+        if fault == "hang":
+            await asyncio.sleep(HANG_FOR)
+        return done
 
     @app.agent("shipping", **_AGENT_OPTIONS)
     async def ship(req: AgentRequest) -> Any:

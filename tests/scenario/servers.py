@@ -95,11 +95,13 @@ def postgres_bindir() -> Path:
 class PrivatePostgres:
     """A PostgreSQL cluster in a temporary directory, run by the ``postgres`` user."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None, *, initdb_options: tuple[str, ...] = ()) -> None:
+        """In a new temporary directory, or in `root` (a file system the test made, say)."""
         self.bindir = postgres_bindir()
         # PostgreSQL refuses to run as root: as root, the cluster belongs to `postgres`
         self._as = (["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else [])
-        self.root = Path(tempfile.mkdtemp(prefix="sasflow-scenario-pg-"))
+        self.root = root or Path(tempfile.mkdtemp(prefix="sasflow-scenario-pg-"))
+        self.initdb_options = initdb_options
         if os.geteuid() == 0:
             user = pwd.getpwnam("postgres")
             os.chown(self.root, user.pw_uid, user.pw_gid)
@@ -114,7 +116,7 @@ class PrivatePostgres:
     def start(self) -> PrivatePostgres:
         if not self.data.exists():
             _run([*self._as, str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust",
-                  "-U", "postgres", "--no-sync"])
+                  "-U", "postgres", "--no-sync", *self.initdb_options])
         options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
                    " -c fsync=on -c max_connections=300")
         try:

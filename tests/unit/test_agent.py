@@ -254,6 +254,37 @@ async def test_request_already_past_complete_by_is_not_run(transport: MemoryTran
     assert await no_reply(inbox, transport)
 
 
+async def test_a_request_declined_as_too_late_is_logged_once_with_how_late(
+        transport: MemoryTransport, caplog: pytest.LogCaptureFixture) -> None:
+    """S5 silence, but not a silent drop: one log line that says why and by how much."""
+    declared = agent(lambda req: None)
+    with caplog.at_level("INFO", logger="sasflow.agent"):
+        await AgentRuntime(transport, [declared]).handle(declared, request(within=-2.0))
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "order-42/charge" in line and "not started" in line
+    assert "complete-by passed 2.0" in line and "store's clock" in line
+
+
+async def test_deadlines_are_judged_on_the_runtimes_clock_not_this_hosts(
+        transport: MemoryTransport, inbox: Inbox) -> None:
+    """R1: with the store's clock 300 s behind this host's, a request due in 5 s by the
+    store's clock runs, and the agent sees 5 s left, in remaining() and complete_by."""
+    store_clock = lambda: time.time() - 300.0  # noqa: E731
+    sent = request(within=5.0 - 300.0)  # complete-by = store now + 5 s
+    seen: list[tuple[float, float]] = []
+
+    def charge(req: AgentRequest) -> dict[str, int]:
+        left = req.complete_by.timestamp() - time.time()  # as a host-clock user computes it
+        seen.append((req.remaining(), left))
+        return {"charge_id": 1}
+
+    declared = agent(charge)
+    await AgentRuntime(transport, [declared], clock=store_clock).handle(declared, sent)
+    assert (await inbox.one()).ok
+    [(remaining, left)] = seen
+    assert 4.0 < remaining <= 5.0 and 4.0 < left <= 5.0
+
+
 async def test_non_json_result_is_a_clear_permanent_error(transport: MemoryTransport,
                                                           inbox: Inbox) -> None:
     """A result that cannot be sent as JSON becomes a permanent error reply saying so."""

@@ -323,6 +323,21 @@ def test_stop_cuts_kept_alive_connections(start: Start) -> None:
         conn.close()
 
 
+def test_open_connections_counts_a_caller_until_it_hangs_up(start: Start) -> None:
+    """A connection counts from its accept until its caller hung up and its handler
+    finished; a kept-alive one counts between requests."""
+    service = start()
+    assert service.open_connections() == 0
+    conn = connect(service)
+    assert send(conn, "POST", "/reserve", {"order_id": 1}, key="k1")[0] == 200
+    assert service.open_connections() == 1  # kept alive: its handler waits for more
+    conn.close()
+    deadline = time.monotonic() + 30  # a hang guard only
+    while service.open_connections():
+        assert time.monotonic() < deadline, "the connection never closed"
+        time.sleep(0.01)
+
+
 def test_fault_probabilities_must_sum_to_at_most_one() -> None:
     with pytest.raises(ValueError):
         Faults(transient=0.7, lost=0.7)

@@ -4,7 +4,8 @@ Hypothesis builds a random workflow (2-4 steps, a random set of agents with a
 compensator, a random failure policy and threshold), then runs random
 sequences of what can happen to a task: schedulers claim it, agents reply (ok,
 a permanent error, "gave up"), replies arrive late from an owner that lost the
-task, supervisors expire it (two at once), a scheduler hands it back on
+task or land after the next unit's complete-by, supervisors expire it (two at once,
+or from a read the task has moved on from), a scheduler hands it back on
 shutdown, operators retry, compensate or cancel.
 
 The task lives in an in-memory record built ONLY from the Transitions applied
@@ -88,7 +89,8 @@ class Record:
 
     def fence_holds(self, t: Transition) -> bool:
         task = self.task
-        if (task.epoch, task.state, task.locked_by) != (t.epoch, t.from_state, t.owner):
+        if (task.epoch, task.state, task.locked_by, task.phase, task.cursor) != (
+                t.epoch, t.from_state, t.owner, t.from_phase, t.from_cursor):
             return False
         return t.expired_before is None or (
             task.complete_by is not None and task.complete_by < t.expired_before)
@@ -243,6 +245,25 @@ class TaskLifecycle(RuleBasedStateMachine):
             assert self.commit(t, driver.view), "the holder's reply must land"
             if outcome == "gave up":
                 assert self.record.task.failure_count == failures + 1
+
+    @precondition(lambda self: self.holder() is not None
+                  and self.record.task.state is T.PROCESSING
+                  and self.record.task.cursor + 1 < len(self.record.task.steps))
+    @rule()
+    def reply_held_up(self) -> None:
+        """A timely ok reply whose write is held up (the database restarting) lands after
+        the next unit's complete-by, in the same epoch, state and owner; the expiry a
+        supervisor planned meanwhile from the unit before must not land on the next one
+        and roll the completed step back to be run again."""
+        driver = self.holder()
+        assert driver is not None
+        t = self.plan.reply(driver.view, driver.owner, True, {"by": driver.owner}, None,
+                            self.now)
+        assert t.complete_by is not None
+        self.now = t.complete_by + 0.5  # the write is still on its way
+        _, expiry = self.plan_on_copy(lambda v: self.plan.expire(v, "sup-1", self.now))
+        assert self.commit(t, driver.view)
+        assert not self.commit(expiry)
 
     def stale(self) -> list[Driver]:
         return [d for d in self.held() if d.view != self.record.task]

@@ -16,13 +16,14 @@ from sasflow.cli.app_ref import APP_REF, AppRef, load_app
 from sasflow.cli.options import (
     CONNECT_WITHIN,
     CommaList,
+    instance_name,
     option,
     store_option,
     transport_option,
 )
 from sasflow.errors import ConfigurationError, PayloadError, SasflowError
 from sasflow.redact import RedactingFilter, redact
-from sasflow.worker import ROLES
+from sasflow.worker import DEFAULT_HEARTBEAT, ROLES
 
 __all__ = ["demo", "submit", "worker"]
 
@@ -64,15 +65,24 @@ def demo(ctx: click.Context, orders: int | None, workers: int | None, chaos: boo
 @store_option
 @transport_option
 @option("--instance-id", metavar="ID", envvar="SASFLOW_INSTANCE_ID",
-        help="This process's name in LockedBy and the history (default: host-pid-random).")
+        help="This process's name in LockedBy, the history and its heartbeat; {host} stands"
+             " for the host's name (default: host-pid-random).")
 @option("--supervisor-interval", metavar="SECONDS", type=click.FloatRange(min=0, min_open=True),
         default=1.0, show_default=True, envvar="SASFLOW_SUPERVISOR_INTERVAL",
         help="How often the supervisor sweeps for expired steps.")
+@option("--heartbeat", metavar="SECONDS", type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_HEARTBEAT, show_default=True, envvar="SASFLOW_HEARTBEAT",
+        help="How often this worker records in the store that it is alive.")
+@option("--heartbeat-lease", metavar="SECONDS", type=click.FloatRange(min=0, min_open=True),
+        envvar="SASFLOW_HEARTBEAT_LEASE",
+        help="After this long without a heartbeat the worker counts as gone: its health"
+             " check fails and supervisors release its tasks (default: 5 heartbeats).")
 @option("--log-level", type=click.Choice(_LOG_LEVELS, case_sensitive=False), default="info",
         show_default=True, envvar="SASFLOW_LOG_LEVEL", help="Logging threshold (to stderr).")
 def worker(app_ref: AppRef, roles: tuple[str, ...], agents: tuple[str, ...] | None,
            concurrency: int, store: str | None, transport: str | None,
-           instance_id: str | None, supervisor_interval: float, log_level: str) -> None:
+           instance_id: str | None, supervisor_interval: float, heartbeat: float,
+           heartbeat_lease: float | None, log_level: str) -> None:
     """Run APP's scheduler, agents and supervisor until SIGINT or SIGTERM."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -86,7 +96,7 @@ def worker(app_ref: AppRef, roles: tuple[str, ...], agents: tuple[str, ...] | No
                 f"{', '.join(map(repr, unknown))} not declared by {app_ref}"
                 f" (declared: {', '.join(app.agents) or 'none'})", param_hint="'--agents'")
     app.configure(store=store, transport=transport)
-    name = instance_id or default_instance_id()
+    name = instance_name(instance_id) if instance_id else default_instance_id()
     # until the event loop installs its own handlers, SIGTERM stops us like SIGINT does
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -94,7 +104,8 @@ def worker(app_ref: AppRef, roles: tuple[str, ...], agents: tuple[str, ...] | No
                  name, app_ref, ",".join(roles), ",".join(agents or app.agents),
                  redact(app.store_url or DEFAULT_STORE), redact(app.transport_url or "memory"))
         app.run(roles=roles, agents=agents, concurrency=concurrency,
-                supervisor_interval=supervisor_interval, instance_id=name)
+                supervisor_interval=supervisor_interval, instance_id=name,
+                heartbeat=heartbeat, heartbeat_lease=heartbeat_lease)
     except KeyboardInterrupt:
         pass
     except SasflowError:

@@ -7,6 +7,7 @@ shows its variable in ``--help``.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ __all__ = [
     "Connection",
     "app_option",
     "connection_options",
+    "instance_name",
     "option",
     "store_option",
     "transport_option",
@@ -61,6 +63,16 @@ class CommaList(click.ParamType[tuple[str, ...], Any]):
                 self.fail(f"unknown {', '.join(map(repr, unknown))}"
                           f" (choose from {', '.join(self.choices)})", param, ctx)
         return items
+
+
+def instance_name(template: str) -> str:
+    """An instance id as given, with ``{host}`` replaced by this host's name.
+
+    In a container the host name is the container's (a pod's name on Kubernetes),
+    so one setting, ``SASFLOW_INSTANCE_ID={host}``, gives every replica its own id,
+    which its health probe, run in the same container, finds again.
+    """
+    return template.replace("{host}", socket.gethostname())
 
 
 def store_option(f: F) -> F:

@@ -1,4 +1,5 @@
-"""State stores: SQLite (embedded default) and, with the `postgres` extra, PostgreSQL."""
+"""State stores: SQLite (embedded default), in-memory (tests) and, with the `postgres`
+extra, PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ __all__ = ["Store", "open_store"]
 
 def open_store(url: str, *, clock: Callable[[], float] | None = None,
                create: bool = True, connect_within: float | None = None) -> Store:
-    """The store a URL names: ``sqlite:///path`` or ``postgresql://...``.
+    """The store a URL names: ``sqlite:///path``, ``postgresql://...`` or ``memory://NAME``.
 
     With ``create=False`` a store that does not exist yet is an error rather than
     a new empty one (for commands that only read). ``connect_within`` bounds how
@@ -38,6 +39,11 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None,
         if connect_within is not None:
             store.reconnect_for = connect_within
         return store
+    if url.startswith("memory:"):
+        from sasflow.store.memory import MemoryStore
+
+        return MemoryStore.from_url(url, clock=clock, create=create)
     raise ConfigurationError(
-        f"unknown store URL {redact(url)!r}: expected sqlite:///PATH or postgresql://..."
+        f"unknown store URL {redact(url)!r}: expected sqlite:///PATH, postgresql://... or"
+        " memory://NAME"
     )

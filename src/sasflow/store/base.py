@@ -88,6 +88,7 @@ class Instance(msgspec.Struct, kw_only=True):
     roles: list[str]
     agents: list[str]  # the agents it serves
     workflows: dict[str, str]  # workflow name -> version, those it can run
+    lease: float = 10.0  # seconds: with no beat since beat_at + lease, it counts as gone
     started_at: float = 0.0
     beat_at: float = 0.0
     stopped_at: float | None = None  # a clean shutdown; None while it runs
@@ -179,9 +180,14 @@ class Store(Protocol):
         """
         ...
 
-    async def beat(self, instance: Instance) -> None:
+    async def beat(self, instance: Instance, *, first: bool = False) -> None:
         """Record that `instance` is alive now: its row, written or renewed, with
-        `beat_at` (and, on its first beat, `started_at`) on the store's clock."""
+        `beat_at` (and, on its first beat, `started_at`) on the store's clock.
+
+        `first`: the first beat of a process. An instance id may be used again by a
+        new process (a restarted container keeps its name): the tasks an earlier
+        process left locked under that id are then orphaned (see `orphaned`).
+        """
         ...
 
     async def stopped(self, instance_id: str) -> None:
@@ -190,6 +196,15 @@ class Store(Protocol):
 
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         """The instances that have beaten (or only the one named), oldest first."""
+        ...
+
+    async def orphaned(self, limit: int, workflows: Collection[str] | None = None
+                       ) -> list[Task]:
+        """Locked tasks, with their steps, whose owner is an instance that is gone at
+        the store's now: stopped, or silent past its lease (`beat_at + lease < now`); or
+        that an earlier process with the same instance id locked (last written
+        before the current process's first beat). Only those of `workflows` when
+        given (R4, as `expired`)."""
         ...
 
     # The in-process transport's dead letters (R3): its queues die with the

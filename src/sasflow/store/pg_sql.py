@@ -121,12 +121,14 @@ RETURNING holder, epoch
 
 # A worker instance's heartbeat: its row, renewed; started_at stays as first written.
 BEAT = """
-INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, started_at, beat_at)
+INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, lease, started_at,
+                       beat_at)
 VALUES (%(instance_id)s, %(host)s, %(pid)s, %(roles)s, %(agents)s, %(workflows)s,
-        %(now)s, %(now)s)
+        %(lease)s, %(now)s, %(now)s)
 ON CONFLICT (instance_id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, roles = excluded.roles,
-    agents = excluded.agents, workflows = excluded.workflows,
+    agents = excluded.agents, workflows = excluded.workflows, lease = excluded.lease,
+    started_at = CASE WHEN %(first)s THEN excluded.started_at ELSE instances.started_at END,
     beat_at = excluded.beat_at, stopped_at = NULL
 """
 
@@ -135,10 +137,22 @@ MARK_STOPPED = ("UPDATE instances SET stopped_at = %(now)s"
 
 SELECT_INSTANCES = """
 SELECT instance_id, host, pid, roles::text, agents::text, workflows::text,
-       started_at, beat_at, stopped_at
+       started_at, beat_at, stopped_at, lease
 FROM instances
 WHERE %(instance_id)s::text IS NULL OR instance_id = %(instance_id)s::text
 ORDER BY started_at, instance_id
+"""
+
+# Tasks still locked by an instance that is gone (as sql.SELECT_ORPHANED), with
+# their steps.
+SELECT_ORPHANED = f"""
+SELECT {TASK_COLUMNS}, {STEPS_AS_JSON} FROM tasks
+WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
+  AND EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = tasks.locked_by
+              AND (i.stopped_at IS NOT NULL OR i.beat_at + i.lease < %(now)s
+                   OR tasks.updated_at < i.started_at - 1.0))
+  AND (%(workflows)s::text[] IS NULL OR workflow = ANY(%(workflows)s::text[]))
+ORDER BY complete_by LIMIT %(limit)s
 """
 
 # One workflow version at a time: an ordered range scan of the partial index
@@ -202,7 +216,8 @@ def rows_of(*columns: str) -> str:
 _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
                "complete_by float8", "available_at float8", "failure_count int", "error text",
                "claim int", "updated_at float8", "version text", "task_id text", "epoch bigint",
-               "from_state text", "owner text", "expired_before float8", "lease text",
+               "from_state text", "owner text", "from_phase text",
+               "from_cursor int", "expired_before float8", "lease text",
                "lease_holder text", "lease_epoch bigint",
                "wake float8",  # when the task is claimable again, if this releases it
                "token bigint")  # the write's, into last_write
@@ -227,9 +242,9 @@ _INSERT_HISTORY = """INSERT INTO history (task_id, step, phase, at, actor, epoch
 # - `locked`: the batch's task rows, locked in task-id order first, so every batch
 #   of every process waits for rows in the same order (no deadlock);
 # - `applied`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
-#   epoch, state and owner as when read, and (supervisor) a complete-by that has
-#   passed and the lease still held with its epoch; a task not in it is left
-#   exactly as it was;
+#   epoch, state, owner and unit (phase, cursor) as when read, and (supervisor)
+#   a complete-by that has passed and the lease still held with its epoch; a task
+#   not in it is left exactly as it was;
 # - the implied rows are written for the applied transitions only;
 # - idle schedulers are told (NOTIFY) when an applied transition released work.
 # A batch holds one transition per task, so no step row comes twice (which
@@ -249,6 +264,7 @@ applied AS (
     FROM v JOIN locked USING (task_id)
     WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
       AND t.locked_by IS NOT DISTINCT FROM v.owner
+      AND t.phase = v.from_phase AND t.cursor = v.from_cursor
       AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
       AND (v.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.name = v.lease
                                       AND l.holder = v.lease_holder AND l.epoch = v.lease_epoch))

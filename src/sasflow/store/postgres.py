@@ -18,15 +18,22 @@ author of psycopg2, the driver most PostgreSQL applications already use.
 
 Faults. Serialization failures and deadlocks are retried. A lost connection is
 waited out (up to `reconnect_for` seconds, with backoff) and the call retried;
+the pool itself never gives up (R2): it is opened without waiting for the
+database, and reconnects with capped backoff for as long as it takes, whether
+the database went away at start-up or later. One line is logged when the
+database becomes unreachable, one every half minute while it stays so, and one
+when it is back (outage.py), whatever the number of callers and attempts.
 for a write whose COMMIT's answer was lost, the store first asks the database
 whether that transaction committed (pg_write.py), so no write is lost or
 applied twice by a restart.
 
 Times are seconds since the epoch (double precision) so the planner is the same
 for every store. `now()` is the injected clock when there is one (tests), else
-the database's clock: the offset between `clock_timestamp()` and this host's
-clock is measured and refreshed, so deadlines are compared with one clock for
-every host (DESIGN invariant 3). Migrations run at open under an advisory lock.
+the database's clock (R1, DESIGN invariant 3): the offset between
+`clock_timestamp()` and this process's *monotonic* clock is measured on the
+first connection and refreshed every half minute, so every host judges
+deadlines on the database's clock and a host's wall clock, however wrong, or
+stepped by NTP, changes nothing. Migrations run at open under an advisory lock.
 
 The pool belongs to one event loop (its "home": the first to use the store);
 calls from another loop, such as a web application's while the roles run in a
@@ -54,6 +61,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sasflow.errors import ConfigurationError, StoreError
 from sasflow.model import Task, TaskState
+from sasflow.outage import OutageLog
 from sasflow.plan import Plan
 from sasflow.redact import redact, scrub
 from sasflow.store import dead_letters
@@ -95,7 +103,27 @@ _CLOCK_REFRESH_S = 30.0
 _OUTBOX_LEASE_S = 30.0
 _RECONNECT_FOR_S = 60.0  # how long a call waits for a lost database to come back
 _BACKOFF_MAX_S = 1.0
-_POOL_WAIT_MAX_S = 30.0
+# One wait for a pooled connection. Short, so that a caller asks again (and the
+# pool tries to connect again) soon after the database is back.
+_POOL_WAIT_MAX_S = 5.0
+# How long the pool's own reconnection attempts go on before it stops and waits
+# for a caller to ask again: psycopg_pool doubles its delay between attempts
+# without a cap, which after a long outage would mean minutes before it tried.
+_POOL_RECONNECT_S = 2.0
+
+
+class _QuietPools(logging.Filter):
+    """Drops psycopg_pool's line per failed connection attempt for this module's pools:
+    the store reports the outage itself, rate-limited (OutageLog)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (record.levelno <= logging.WARNING and any(
+            isinstance(a, str) and a.startswith(_POOL_PREFIX) for a in args))
+
+
+_POOL_PREFIX = "sasflow-store-"
+logging.getLogger("psycopg.pool").addFilter(_QuietPools())
 
 
 def _has_jit(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> bool:
@@ -123,8 +151,10 @@ class PostgresStore:
         self.reconnect_for = reconnect_for
         self._clock = clock
         self._create = create
-        self._offset = 0.0  # database clock - this host's clock
-        self._offset_at = float("-inf")
+        # database clock - this process's monotonic clock; until first measured, this
+        # host's wall clock stands in (Worker measures it before any role starts)
+        self._offset = time.time() - time.monotonic()
+        self._offset_at = float("-inf")  # monotonic time of the last measurement
         # the pool and group commit live in their home event loop, made on first use
         self._home_lock = threading.Lock()
         self._home: asyncio.AbstractEventLoop | None = None
@@ -136,6 +166,7 @@ class PostgresStore:
         self.migrations_applied: list[str] = []  # by this process, for `sasflow db upgrade`
         self._sync: psycopg.Connection[Any] | None = None  # for submit_blocking
         self._sync_lock = threading.Lock()
+        self.outage = OutageLog(log, "the PostgreSQL store")
 
     @classmethod
     def from_url(cls, url: str, *, clock: Callable[[], float] | None = None,
@@ -151,9 +182,13 @@ class PostgresStore:
 
     # ------------------------------------------------------------ clock
     def now(self) -> float:
+        """The database's clock, read locally: monotonic time plus the measured offset."""
         if self._clock is not None:
             return self._clock()
-        return time.time() + self._offset
+        return time.monotonic() + self._offset
+
+    def _clock_is_stale(self) -> bool:
+        return self._clock is None and time.monotonic() - self._offset_at > _CLOCK_REFRESH_S
 
     def _measure_clock(self, db_now: float, sent: float, received: float) -> None:
         # the server read its clock about halfway through the round trip
@@ -161,10 +196,10 @@ class PostgresStore:
         self._offset_at = received
 
     async def _refresh_clock(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        sent = time.time()
+        sent = time.monotonic()
         row = await (await conn.execute(q.DB_CLOCK)).fetchone()
         assert row is not None
-        self._measure_clock(float(row[0]), sent, time.time())
+        self._measure_clock(float(row[0]), sent, time.monotonic())
 
     # ------------------------------------------------------------ home loop
     def _home_for(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
@@ -176,8 +211,9 @@ class PostgresStore:
                 # a new home: the old loop is gone, and its connections with it
                 self._home = home = loop
                 self._pool = AsyncConnectionPool(
-                    self.conninfo, min_size=1, max_size=self.pool_size, open=False,
-                    kwargs={"autocommit": True}, configure=_configure)
+                    self.conninfo, min_size=0, max_size=self.pool_size, open=False,
+                    kwargs={"autocommit": True}, configure=_configure,
+                    name=f"{_POOL_PREFIX}{id(self):x}", reconnect_timeout=_POOL_RECONNECT_S)
                 self._commit = GroupCommit(self._write)
                 self._open_lock = asyncio.Lock()
                 self._opened = False
@@ -196,18 +232,26 @@ class PostgresStore:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(there(), home))
 
     # ------------------------------------------------------------ connections
-    async def _open(self) -> AsyncConnectionPool:
+    async def _open(self, backoff: _Backoff) -> AsyncConnectionPool:
+        """Open the pool (it connects in the background) and check the schema once.
+
+        The pool is never closed for want of a database: waiting for it here is
+        the caller's `backoff`, and the next call waits again (R2).
+        """
         pool = self._pool
         assert pool is not None
         async with self._open_lock:
             if self._opened:
                 return pool
-            try:
-                await pool.open(wait=True, timeout=min(_POOL_WAIT_MAX_S, self.reconnect_for))
-            except psycopg.Error as error:  # PoolTimeout is one too
-                raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
-            if not self._schema_ready:  # checked before any use (open() again is a no-op)
-                await asyncio.to_thread(self._ensure_schema)
+            await pool.open(wait=False)
+            while not self._schema_ready:  # checked before any use
+                try:
+                    await asyncio.to_thread(self._ensure_schema)
+                except StoreError as error:
+                    if not isinstance(error.__cause__, psycopg.OperationalError):
+                        raise  # not an outage: the schema is behind, or a bad password
+                    await backoff.wait(error.__cause__)
+            self.outage.succeeded()
             self._opened = True
         return pool
 
@@ -225,14 +269,15 @@ class PostgresStore:
         `_Lost`. Waiting for a connection counts against the same budget
         (`backoff`, the caller's if it has one).
         """
-        pool = await self._open() if not self._opened else self._pool
+        backoff = backoff or _Backoff(self.reconnect_for, self.outage)
+        pool = await self._open(backoff) if not self._opened else self._pool
         assert pool is not None
         conflicts = 0
-        backoff = backoff or _Backoff(self.reconnect_for)
         while True:
             try:
                 async with pool.connection(timeout=backoff.patience()) as conn:
-                    if self._clock is None and time.time() - self._offset_at > _CLOCK_REFRESH_S:
+                    self.outage.succeeded()
+                    if self._clock_is_stale():
                         await self._refresh_clock(conn)
                     if not transaction:
                         return await job(conn)
@@ -286,17 +331,17 @@ class PostgresStore:
                 raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
             if not self._schema_ready:
                 self._ensure_schema()
-            if self._clock is None:
-                sent = time.time()
+            if self._clock_is_stale():
+                sent = time.monotonic()
                 row = self._sync.execute(q.DB_CLOCK).fetchone()
                 assert row is not None
-                self._measure_clock(float(row[0]), sent, time.time())
+                self._measure_clock(float(row[0]), sent, time.monotonic())
         return self._sync
 
     # ------------------------------------------------------------ writing
     async def _write(self, batch: Sequence[Write]) -> list[Outcome]:
         """One group-commit batch, written exactly once, whatever the connection does."""
-        backoff = _Backoff(self.reconnect_for)
+        backoff = _Backoff(self.reconnect_for, self.outage)
         outcomes: dict[str, Outcome] = {}
         pending = list(batch)
         while pending:
@@ -328,7 +373,7 @@ class PostgresStore:
         async def enqueue() -> bool:
             assert self._commit is not None
             if not self._opened:
-                await self._open()
+                await self._open(_Backoff(self.reconnect_for, self.outage))
             return await self._commit(write)
 
         return await self._at_home(enqueue)
@@ -412,7 +457,7 @@ class PostgresStore:
             return [task for task, ok in zip(tasks, applied, strict=True) if ok is True]
 
         async def claim_here() -> list[Task]:
-            backoff = _Backoff(self.reconnect_for)
+            backoff = _Backoff(self.reconnect_for, self.outage)
             try:
                 return await self._run(job, lost="raise", backoff=backoff)
             except _Lost as lost:
@@ -492,13 +537,14 @@ class PostgresStore:
         send at commit. After (re)connecting it calls `wake(now)` once, for what
         may have been missed meanwhile.
         """
-        backoff = _Backoff(float("inf"))
+        backoff = _Backoff(float("inf"), self.outage)
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
                         self.conninfo, autocommit=True) as conn:
                     await conn.execute(q.LISTEN_WORK)
-                    backoff = _Backoff(float("inf"))
+                    backoff = _Backoff(float("inf"), self.outage)
+                    self.outage.succeeded()
                     wake(self.now())
                     async for notice in conn.notifies():
                         try:
@@ -506,7 +552,7 @@ class PostgresStore:
                         except ValueError:  # not one of ours
                             wake(self.now())
             except psycopg.OperationalError as error:
-                await backoff.wait(error, quiet=True)
+                await backoff.wait(error)
 
     # ------------------------------------------------------------ reading
     async def get(self, task_id: str) -> Task | None:
@@ -542,9 +588,9 @@ class PostgresStore:
         return rows[0] if rows else None
 
     # ------------------------------------------------------------ instances (R2)
-    async def beat(self, instance: Instance) -> None:
+    async def beat(self, instance: Instance, *, first: bool = False) -> None:
         async def job(conn: psycopg.AsyncConnection[Any]) -> None:
-            await conn.execute(q.BEAT, instance_params(instance, self.now()))
+            await conn.execute(q.BEAT, instance_params(instance, self.now(), first))
 
         await self._at_home(lambda: self._run(job))  # the same row again: safe to repeat
 
@@ -557,6 +603,17 @@ class PostgresStore:
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         rows = await self._fetchall(q.SELECT_INSTANCES, {"instance_id": instance_id})
         return [instance_from_row(row) for row in rows]
+
+    async def orphaned(self, limit: int, workflows: Collection[str] | None = None
+                       ) -> list[Task]:
+        names = None if workflows is None else list(workflows)
+
+        async def job(conn: psycopg.AsyncConnection[Any]) -> list[Task]:
+            cur = await conn.execute(q.SELECT_ORPHANED, {"now": self.now(), "limit": limit,
+                                                         "workflows": names})
+            return _tasks_and_their_steps(await cur.fetchall())
+
+        return await self._at_home(lambda: self._run(job, transaction=False))
 
     # ------------------------------------------------------------ dead letters (R3)
     async def add_dead_letter(self, letter: DeadLetter) -> None:
@@ -623,9 +680,11 @@ class PostgresStore:
 
 
 class _Backoff:
-    """Waits growing from 50 ms to 1 s, for at most `budget` seconds in all."""
+    """Waits growing from 50 ms to 1 s, for at most `budget` seconds in all; each
+    failed attempt is told to `outage`, which decides whether to log it."""
 
-    def __init__(self, budget: float) -> None:
+    def __init__(self, budget: float, outage: OutageLog) -> None:
+        self._outage = outage
         self._deadline = time.monotonic() + budget
         self._delay = 0.05
         self._error: Exception | None = None  # the last cause, for the final error
@@ -637,13 +696,13 @@ class _Backoff:
         """How long one wait for a connection may last: what is left of the budget."""
         return min(max(self._deadline - time.monotonic(), 0.05), _POOL_WAIT_MAX_S)
 
-    async def wait(self, error: Exception | None, *, quiet: bool = False) -> None:
+    async def wait(self, error: Exception | None) -> None:
         self._error = error or self._error
         if time.monotonic() >= self._deadline:
             raise StoreError(f"the PostgreSQL store stayed unreachable: {self._error}"
                              ) from self._error
-        if error is not None and not quiet:
-            log.warning("PostgreSQL store unreachable (%s); retrying", error)
+        if error is not None:
+            self._outage.failed(error)
         await asyncio.sleep(random.uniform(0.5, 1.0) * self._delay)
         self._delay = min(self._delay * 2, _BACKOFF_MAX_S)
 

@@ -47,19 +47,20 @@ _decode = msgspec.json.decode
 log = logging.getLogger("sasflow.store")
 
 
-def instance_params(instance: Instance, now: float) -> dict[str, Any]:
+def instance_params(instance: Instance, now: float, first: bool) -> dict[str, Any]:
     """The named parameters of BEAT: lists and maps as JSON text."""
     return {"instance_id": instance.instance_id, "host": instance.host, "pid": instance.pid,
             "roles": encode(instance.roles).decode(), "agents": encode(instance.agents).decode(),
-            "workflows": encode(instance.workflows).decode(), "now": now}
+            "workflows": encode(instance.workflows).decode(), "lease": instance.lease,
+            "now": now, "first": first}
 
 
 def instance_from_row(row: tuple[Any, ...]) -> Instance:
     """A row of SELECT_INSTANCES (JSON columns as text) as an Instance."""
     (instance_id, host, pid, roles, agents, workflows, started_at, beat_at,
-     stopped_at) = row
+     stopped_at, lease) = row
     return Instance(instance_id=instance_id, host=host, pid=pid, roles=_decode(roles),
-                    agents=_decode(agents), workflows=_decode(workflows),
+                    agents=_decode(agents), workflows=_decode(workflows), lease=lease,
                     started_at=started_at, beat_at=beat_at, stopped_at=stopped_at)
 
 
@@ -148,10 +149,12 @@ def set_values(t: Transition, now: float) -> tuple[Any, ...]:
 
 
 def fence_values(t: Transition) -> tuple[Any, ...]:
-    """The fence of the UPDATE: task id, epoch, state, owner, expired-before, and the
-    lease's name, holder and epoch (None when the writer holds no lease)."""
+    """The fence of the UPDATE: task id, epoch, state, owner, phase, cursor,
+    expired-before, and the lease's name, holder and epoch (None when the writer holds
+    no lease)."""
     lease = t.lease
-    return (t.task_id, t.epoch, t.from_state.value, t.owner, t.expired_before,
+    return (t.task_id, t.epoch, t.from_state.value, t.owner, t.from_phase.value,
+            t.from_cursor, t.expired_before,
             lease and lease.name, lease and lease.holder, lease and lease.epoch)
 
 

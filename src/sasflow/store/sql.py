@@ -31,14 +31,14 @@ INSERT INTO history (task_id, step, phase, at, actor, epoch, from_state, to_stat
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
-# The fence: the task must still have the epoch, state and owner it was read with,
-# and (supervisor) a complete-by that has passed and the lease still held with the
-# epoch it swept under. Zero rows changed = not applied.
+# The fence: the task must still have the epoch, state, owner and unit (phase and
+# cursor) it was read with, and (supervisor) a complete-by that has passed and the
+# lease still held with the epoch it swept under. Zero rows changed = not applied.
 APPLY_TRANSITION = """
 UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = ?,
                  available_at = COALESCE(?, available_at), failure_count = ?, error = ?,
                  epoch = epoch + ?, updated_at = ?, version = COALESCE(?, version)
-WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ?
+WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ? AND phase = ? AND cursor = ?
   AND (? IS NULL OR complete_by < ?)
   AND (? IS NULL OR EXISTS (SELECT 1 FROM leases WHERE name = ? AND holder = ? AND epoch = ?))
 """
@@ -167,22 +167,41 @@ RETURNING holder, epoch
 """
 
 
-# A worker instance's heartbeat: its row, renewed; started_at stays as first written.
+# A worker instance's heartbeat: its row, renewed; started_at stays as written by the
+# first beat of the process now using the id.
 BEAT = """
-INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, started_at, beat_at)
-VALUES (:instance_id, :host, :pid, :roles, :agents, :workflows, :now, :now)
+INSERT INTO instances (instance_id, host, pid, roles, agents, workflows, lease, started_at,
+                       beat_at)
+VALUES (:instance_id, :host, :pid, :roles, :agents, :workflows, :lease, :now, :now)
 ON CONFLICT (instance_id) DO UPDATE SET
     host = excluded.host, pid = excluded.pid, roles = excluded.roles,
-    agents = excluded.agents, workflows = excluded.workflows,
+    agents = excluded.agents, workflows = excluded.workflows, lease = excluded.lease,
+    started_at = CASE WHEN :first THEN excluded.started_at ELSE instances.started_at END,
     beat_at = excluded.beat_at, stopped_at = NULL
 """
 
 MARK_STOPPED = "UPDATE instances SET stopped_at = :now WHERE instance_id = :instance_id"
 
 SELECT_INSTANCES = """
-SELECT instance_id, host, pid, roles, agents, workflows, started_at, beat_at, stopped_at
+SELECT instance_id, host, pid, roles, agents, workflows, started_at, beat_at, stopped_at,
+       lease
 FROM instances WHERE :instance_id IS NULL OR instance_id = :instance_id
 ORDER BY started_at, instance_id
+"""
+
+# Tasks still locked by an instance that is gone: stopped, or no beat within its
+# lease (R2); or locked under its id by an earlier process, the task last written
+# before the current process's first beat (the second of margin covers two
+# measurements of the database's clock in one process). Read through the partial
+# index tasks_locked: the cost grows with the locked tasks, not with the store.
+SELECT_ORPHANED = f"""
+SELECT {TASK_COLUMNS} FROM tasks
+WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
+  AND EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = tasks.locked_by
+              AND (i.stopped_at IS NOT NULL OR i.beat_at + i.lease < :now
+                   OR tasks.updated_at < i.started_at - 1.0))
+  AND (:workflows IS NULL OR workflow IN (SELECT value FROM json_each(:workflows)))
+ORDER BY complete_by LIMIT :limit
 """
 
 

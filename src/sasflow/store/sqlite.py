@@ -336,9 +336,9 @@ class SQLiteStore:
         return [alert_from_row(row) for row in rows]
 
     # ------------------------------------------------------------ instances (R2)
-    async def beat(self, instance: Instance) -> None:
+    async def beat(self, instance: Instance, *, first: bool = False) -> None:
         await self._writer.run(lambda conn: conn.execute(
-            sql.BEAT, instance_params(instance, self.now())))
+            sql.BEAT, instance_params(instance, self.now(), first)))
 
     async def stopped(self, instance_id: str) -> None:
         await self._writer.run(lambda conn: conn.execute(
@@ -348,6 +348,19 @@ class SQLiteStore:
         rows = await self._read(lambda c: c.execute(
             sql.SELECT_INSTANCES, {"instance_id": instance_id}).fetchall())
         return [instance_from_row(row) for row in rows]
+
+    async def orphaned(self, limit: int, workflows: Collection[str] | None = None
+                       ) -> list[Task]:
+        now = self.now()
+        names = None if workflows is None else msgspec.json.encode(list(workflows)).decode()
+
+        def read(conn: sqlite3.Connection) -> list[Task]:
+            rows = conn.execute(sql.SELECT_ORPHANED, {"now": now, "limit": limit,
+                                                      "workflows": names}).fetchall()
+            return _tasks_with_steps(conn, rows)
+
+        result: list[Task] = await self._read(read)
+        return result
 
     # ------------------------------------------------------------ dead letters (R3)
     async def add_dead_letter(self, letter: DeadLetter) -> None:
@@ -464,9 +477,10 @@ _STATEMENTS: dict[RowKind, str] = {
 def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Deferred) -> bool:
     """Apply one fenced transition inside the writer's transaction."""
     check_legal(t)
-    task_id, epoch, state, owner, expired_before, lease, holder, lease_epoch = fence_values(t)
-    fence = (task_id, epoch, state, owner, expired_before, expired_before, lease, lease, holder,
-             lease_epoch)
+    (task_id, epoch, state, owner, phase, cursor, expired_before, lease, holder,
+     lease_epoch) = fence_values(t)
+    fence = (task_id, epoch, state, owner, phase, cursor, expired_before, expired_before,
+             lease, lease, holder, lease_epoch)
     if not conn.execute(sql.APPLY_TRANSITION, set_values(t, now) + fence).rowcount:
         return False
     for kind, row in implied_rows(t, now):

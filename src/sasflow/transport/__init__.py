@@ -42,6 +42,14 @@ def open_transport(url: str | None, *,
         return MemoryTransport(max_message_bytes=max_message_bytes, policy=policy,
                                dead_letter_box=dead_letter_box)
     assert url is not None
+    if url.partition("?")[0] == "sim":  # sasflow.testing's simulated broker, faults off
+        from sasflow.testing.transport import SimTransport
+
+        policy, rest = split_policy(url.partition("?")[2])
+        if rest:
+            raise ConfigurationError(
+                f"unknown option(s) of the simulated transport: {', '.join(k for k, _ in rest)}")
+        return SimTransport(max_message_bytes=max_message_bytes, policy=policy)
     if url.startswith(("amqp://", "amqps://")):
         try:
             from sasflow.transport.amqp import AmqpTransport

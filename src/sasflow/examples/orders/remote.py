@@ -284,6 +284,10 @@ class _Server(ThreadingHTTPServer):
                 self._open.discard(request)
         super().shutdown_request(request)
 
+    def open_connections(self) -> int:
+        with self._open_lock:
+            return len(self._open)
+
     def close_connections(self) -> None:
         with self._open_lock:
             for sock in self._open:
@@ -337,6 +341,14 @@ class RemoteService:
         server.server_close()
         thread.join()
         self._server = self._thread = None
+
+    def open_connections(self) -> int:
+        """Callers' connections open now. A connection is open from its accept until its
+        handler is done with it: 0 once every caller has hung up means every request
+        received has been answered or dropped, so no effect is still on its way."""
+        if self._server is None:
+            return 0
+        return self._server.open_connections()
 
     def stats(self) -> Json:
         """The same counters as ``GET /stats``."""

@@ -1,0 +1,532 @@
+"""An in-memory state store: every verb of the Store protocol, in plain dicts.
+
+For tests and the deterministic simulation (`sasflow.testing`, SPEC R6): no
+file, no thread, no I/O, so a run on a virtual clock is the same run every
+time. It passes the same contract suite as SQLite and PostgreSQL.
+
+``memory://NAME`` opens a store on the data named NAME in this process: two
+stores opened with one name share their tasks, as two hosts share a database
+(the data lives while a store refers to it). ``memory://`` alone is private.
+
+Every verb runs without awaiting anything in between, so each is atomic on its
+event loop; a lock makes it so across threads too (the App's sync facade
+submits from the caller's thread). Rows are copied in and out: a caller never
+holds a reference into the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
+from sasflow.model import (
+    CompensationRecord,
+    Phase,
+    StepRecord,
+    StepState,
+    Task,
+    TaskState,
+)
+from sasflow.plan import Plan
+from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
+from sasflow.store.rows import check_legal, claim_transition, implied_rows, status_row
+from sasflow.transition import Transition
+from sasflow.transport.dead_letter import DeadLetter
+
+__all__ = ["MemoryStore"]
+
+_decode = msgspec.json.decode
+_OUTBOX_LEASE_S = 30.0  # as the SQL stores: a relay that dies gives its messages back then
+_CLAIMABLE = (TaskState.PENDING.value, TaskState.COMPENSATING.value)
+_UNFINISHED = (*_CLAIMABLE, TaskState.PROCESSING.value)
+
+
+@dataclass(slots=True)
+class _TaskRow:
+    task_id: str
+    workflow: str
+    input_json: bytes
+    state: str
+    available_at: float
+    reply_to: str | None
+    created_at: float
+    updated_at: float
+    phase: str = Phase.DO.value
+    cursor: int = 0
+    locked_by: str | None = None
+    complete_by: float | None = None
+    failure_count: int = 0
+    epoch: int = 0
+    error: str | None = None
+    version: str | None = None  # of its workflow, as planned (R4)
+    units: dict[tuple[str, int], _UnitRow] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _UnitRow:
+    name: str
+    agent: str
+    state: str
+    idempotency_key: str
+    attempts: int = 0
+    failure_count: int = 0
+    complete_by: float | None = None
+    result_json: str | None = None
+    error: str | None = None
+    in_doubt: bool = False
+
+
+@dataclass(slots=True)
+class _Lease:
+    holder: str
+    epoch: int
+    expires_at: float
+
+
+@dataclass(slots=True)
+class _Outbox:
+    id: int
+    queue: str
+    body: bytes
+    leased_until: float = 0.0
+
+
+class _Data:
+    """What one named in-memory database holds (a plain class: weakly referenceable)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.tasks: dict[str, _TaskRow] = {}
+        self.history: list[HistoryEntry] = []
+        self.alerts: list[Alert] = []
+        self.outbox: dict[int, _Outbox] = {}
+        self.leases: dict[str, _Lease] = {}
+        self.instances: dict[str, Instance] = {}
+        self.dead_letters: dict[str, DeadLetter] = {}  # by id: one written twice is kept once
+        self.ids = itertools.count(1)
+        # watchers: (callback, its loop, its thread), told when work becomes claimable
+        self.watchers: list[tuple[Callable[[float], None], asyncio.AbstractEventLoop, int]] = []
+
+
+_named: weakref.WeakValueDictionary[str, _Data] = weakref.WeakValueDictionary()
+_named_lock = threading.Lock()
+
+
+class MemoryStore:
+    """Tasks, steps, history, alerts, outbox, leases and instances in this process."""
+
+    def __init__(self, name: str = "", *, clock: Callable[[], float] | None = None) -> None:
+        self.name = name
+        self.now: Callable[[], float] = clock or time.time
+        if not name:
+            self._data = _Data()
+        else:
+            with _named_lock:
+                data = _named.get(name)
+                if data is None:
+                    data = _named[name] = _Data()
+            self._data = data
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Callable[[], float] | None = None,
+                 create: bool = True) -> MemoryStore:
+        parts = urlsplit(url)
+        if parts.scheme != "memory" or parts.path not in ("", "/") or parts.query:
+            raise ConfigurationError(f"bad memory store URL {url!r}: expected memory://NAME")
+        if not create and parts.netloc not in _named:
+            raise StoreError(f"no memory store named {parts.netloc!r} in this process")
+        return cls(parts.netloc, clock=clock)
+
+    # ------------------------------------------------------------ submission
+    async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
+        if connection is not None:
+            return self.submit_in(connection, task)
+        return self.submit_blocking(task)
+
+    def submit_blocking(self, task: NewTask) -> bool:
+        with self._data.lock:
+            created = self._insert(task)
+        if created:
+            self._tell_watchers(self.now())
+        return created
+
+    def submit_in(self, connection: Any, task: NewTask) -> bool:
+        raise ConfigurationError("the memory store has no transaction to join: "
+                                 "submit without a connection")
+
+    def _insert(self, task: NewTask) -> bool:
+        data, now = self._data, self.now()
+        existing = data.tasks.get(task.task_id)
+        if existing is not None:
+            if existing.workflow != task.workflow or (
+                    _decode(existing.input_json) != _decode(task.input_json)):
+                raise TaskConflictError(
+                    f"task {task.task_id} exists with another workflow or input",
+                    task_id=task.task_id)
+            return False
+        row = _TaskRow(task_id=task.task_id, workflow=task.workflow,
+                       input_json=bytes(task.input_json), state=TaskState.PENDING.value,
+                       available_at=now, reply_to=task.reply_to, created_at=now,
+                       updated_at=now, version=task.version)
+        for index, (name, agent, key) in enumerate(task.steps):
+            row.units[(Phase.DO.value, index)] = _UnitRow(
+                name=name, agent=agent, state=StepState.PENDING.value, idempotency_key=key)
+        data.tasks[task.task_id] = row
+        data.history.append(HistoryEntry(task_id=task.task_id, at=now, actor="submit", epoch=0,
+                                         from_state=None, to_state=TaskState.PENDING.value,
+                                         why="submitted"))
+        if task.reply_to:
+            queue, body, _ = status_row(task.reply_to, task.task_id, "received",
+                                         TaskState.PENDING, None, now)
+            self._add_outbox(queue, body)
+        return True
+
+    # ------------------------------------------------------------ scheduler
+    async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
+        if not plans or limit <= 0:
+            return []
+        # only the versions declared here (R4)
+        versions = {name: plan.workflow.version for name, plan in plans.items()}
+        claimed: list[Task] = []
+        with self._data.lock:
+            now = self.now()
+            runnable = sorted(
+                (row for row in self._data.tasks.values()
+                 if row.locked_by is None and row.state in _CLAIMABLE
+                 and row.available_at <= now and versions.get(row.workflow) == row.version),
+                key=lambda row: row.available_at)[:limit]
+            for row in runnable:
+                task = _task(row)
+                transition = claim_transition(plans[row.workflow], task, owner, now)
+                if transition is not None and self._apply(transition, now):
+                    claimed.append(_task(row))
+        return claimed
+
+    async def apply(self, transition: Transition) -> bool:
+        with self._data.lock:
+            now = self.now()
+            applied = self._apply(transition, now)
+        if applied and transition.locked_by is None and transition.state.value in _CLAIMABLE:
+            self._tell_watchers(transition.available_at or now)
+        return applied
+
+    def _apply(self, t: Transition, now: float) -> bool:
+        """The fenced write of one transition (as sql.APPLY_TRANSITION) and its rows: only
+        if the task still has the epoch, state, owner and step it was planned from."""
+        check_legal(t)
+        data = self._data
+        row = data.tasks.get(t.task_id)
+        if row is None or row.epoch != t.epoch or row.state != t.from_state.value or (
+                row.locked_by != t.owner):
+            return False
+        if (row.phase, row.cursor) != (t.from_phase.value, t.from_cursor):
+            return False  # planned at another unit than the task is at now
+        if t.expired_before is not None and not (
+                row.complete_by is not None and row.complete_by < t.expired_before):
+            return False
+        if t.lease is not None:
+            lease = data.leases.get(t.lease.name)
+            if lease is None or (lease.holder, lease.epoch) != (t.lease.holder, t.lease.epoch):
+                return False
+        row.state, row.phase, row.cursor = t.state.value, t.phase.value, t.cursor
+        row.locked_by, row.complete_by = t.locked_by, t.complete_by
+        if t.available_at is not None:
+            row.available_at = t.available_at
+        row.failure_count, row.error = t.failure_count, t.error
+        row.epoch += int(t.claim)
+        row.updated_at = now
+        if t.version is not None:
+            row.version = t.version
+        for kind, values in implied_rows(t, now):
+            if kind == "history":
+                task_id, step, phase, at, actor, epoch, from_state, to_state, why = values
+                data.history.append(HistoryEntry(
+                    task_id=task_id, step=step, phase=phase, at=at, actor=actor, epoch=epoch,
+                    from_state=from_state, to_state=to_state, why=why))
+            elif kind == "step":
+                _upsert_unit(row, values)
+            elif kind == "mirror":
+                state, _, _, index = values
+                row.units[(Phase.DO.value, index)].state = state
+            elif kind == "outbox":
+                queue, body, _ = values
+                self._add_outbox(queue, body)
+            elif kind == "drop":  # a migration to a shorter shape: the steps past its end
+                _, steps_from = values
+                for key in [k for k in row.units if k[0] == Phase.DO.value
+                            and k[1] >= steps_from]:
+                    del row.units[key]
+            else:
+                task_id, step, agent, at, message = values
+                data.alerts.append(Alert(id=next(data.ids), task_id=task_id, step=step,
+                                         agent=agent, at=at, message=message))
+        return True
+
+    # ------------------------------------------------------------ supervisor
+    async def expired(self, limit: int, workflows: Collection[str] | None = None
+                      ) -> list[Task]:
+        names = None if workflows is None else set(workflows)
+        with self._data.lock:
+            now = self.now()
+            rows = sorted((row for row in self._data.tasks.values()
+                           if row.locked_by is not None and row.complete_by is not None
+                           and row.complete_by < now
+                           and (names is None or row.workflow in names)),
+                          key=lambda row: (row.complete_by, row.task_id))
+            return [_task(row) for row in rows[:limit]]
+
+    async def orphaned(self, limit: int, workflows: Collection[str] | None = None
+                       ) -> list[Task]:
+        """As sql.SELECT_ORPHANED: locked tasks of instances stopped, silent past their
+        lease, or restarted under the same id since the task was last written."""
+        names = None if workflows is None else set(workflows)
+        with self._data.lock:
+            now = self.now()
+            instances = self._data.instances
+
+            def gone(row: _TaskRow) -> bool:
+                holder = instances.get(row.locked_by or "")
+                return holder is not None and (
+                    holder.stopped_at is not None or holder.beat_at + holder.lease < now
+                    or row.updated_at < holder.started_at - 1.0)
+
+            rows = sorted((row for row in self._data.tasks.values()
+                           if row.locked_by is not None and row.complete_by is not None
+                           and (names is None or row.workflow in names) and gone(row)),
+                          key=lambda row: (row.complete_by or 0.0, row.task_id))
+            return [_task(row) for row in rows[:limit]]
+
+    async def next_expiry(self, workflows: Collection[str] | None = None) -> float | None:
+        names = None if workflows is None else set(workflows)
+        with self._data.lock:
+            return min((row.complete_by for row in self._data.tasks.values()
+                        if row.locked_by is not None and row.complete_by is not None
+                        and (names is None or row.workflow in names)),
+                       default=None)
+
+    # ------------------------------------------------------------ incidents (R4)
+    async def census(self) -> Census:
+        versions: dict[tuple[str, str | None], int] = {}
+        agents: dict[tuple[str, str | None, str], int] = {}
+        with self._data.lock:
+            for row in self._data.tasks.values():
+                if row.state not in _UNFINISHED:
+                    continue
+                shape = (row.workflow, row.version)
+                versions[shape] = versions.get(shape, 0) + 1
+                unit = row.units.get((Phase.DO.value, row.cursor))
+                if unit is not None:
+                    key = (row.workflow, row.version, unit.agent)
+                    agents[key] = agents.get(key, 0) + 1
+        return Census(versions=versions, agents=agents)
+
+    async def incidents(self) -> list[Alert]:
+        with self._data.lock:
+            return [msgspec.structs.replace(a) for a in self._data.alerts
+                    if a.incident is not None and a.resolved_at is None]
+
+    async def report_incidents(self, raised: Collection[Alert], resolved: Collection[str]
+                               ) -> None:
+        with self._data.lock:
+            now = self.now()
+            ending = {*resolved, *(a.incident for a in raised)}
+            for alert in self._data.alerts:
+                if alert.incident in ending and alert.resolved_at is None:
+                    alert.resolved_at = now
+            for alert in raised:
+                self._data.alerts.append(Alert(
+                    id=next(self._data.ids), task_id=None, at=now, message=alert.message,
+                    agent=alert.agent, incident=alert.incident, count=alert.count))
+
+    async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
+        with self._data.lock:
+            now = self.now()
+            lease = self._data.leases.get(name)
+            if lease is None:
+                self._data.leases[name] = _Lease(holder, 1, now + ttl)
+                return 1
+            if lease.holder == holder:
+                lease.expires_at = now + ttl
+                return lease.epoch
+            if lease.expires_at < now:  # taken over: a new fencing epoch (M3)
+                lease.holder, lease.epoch, lease.expires_at = holder, lease.epoch + 1, now + ttl
+                return lease.epoch
+            return None
+
+    # ------------------------------------------------------------ reading
+    async def watch(self, wake: Callable[[float], None]) -> None:
+        """Call `wake(at)` when a task is submitted or handed back, until cancelled."""
+        entry = (wake, asyncio.get_running_loop(), threading.get_ident())
+        with self._data.lock:
+            self._data.watchers.append(entry)
+        try:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            with self._data.lock:
+                self._data.watchers.remove(entry)
+
+    def _tell_watchers(self, at: float) -> None:
+        with self._data.lock:
+            watchers = list(self._data.watchers)
+        me = threading.get_ident()
+        for wake, loop, thread in watchers:
+            if thread == me:
+                wake(at)
+            else:  # a submission from the caller's thread (the sync facade)
+                loop.call_soon_threadsafe(wake, at)
+
+    async def get(self, task_id: str) -> Task | None:
+        with self._data.lock:
+            row = self._data.tasks.get(task_id)
+            return None if row is None else _task(row)
+
+    async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
+                         limit: int = 100) -> list[Task]:
+        with self._data.lock:
+            rows = sorted((row for row in self._data.tasks.values()
+                           if (state is None or row.state == state.value)
+                           and (workflow is None or row.workflow == workflow)),
+                          key=lambda row: (row.created_at, row.task_id))
+            return [_task(row, steps=False) for row in rows[:limit]]
+
+    async def history(self, task_id: str) -> list[HistoryEntry]:
+        with self._data.lock:
+            return [msgspec.structs.replace(entry) for entry in self._data.history
+                    if entry.task_id == task_id]
+
+    async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]:
+        with self._data.lock:
+            return [msgspec.structs.replace(alert) for alert in self._data.alerts
+                    if alert.id > after][:limit]
+
+    # ------------------------------------------------------------ instances (R2)
+    async def beat(self, instance: Instance, *, first: bool = False) -> None:
+        with self._data.lock:
+            now = self.now()
+            known = self._data.instances.get(instance.instance_id)
+            started = now if known is None or first else known.started_at
+            self._data.instances[instance.instance_id] = msgspec.structs.replace(
+                instance, roles=list(instance.roles), agents=list(instance.agents),
+                workflows=dict(instance.workflows), started_at=started, beat_at=now,
+                stopped_at=None)
+
+    async def stopped(self, instance_id: str) -> None:
+        with self._data.lock:
+            known = self._data.instances.get(instance_id)
+            if known is not None:
+                known.stopped_at = self.now()
+
+    async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
+        with self._data.lock:
+            found = [msgspec.structs.replace(i) for i in self._data.instances.values()
+                     if instance_id is None or i.instance_id == instance_id]
+        return sorted(found, key=lambda i: (i.started_at, i.instance_id))
+
+    # ------------------------------------------------------------ dead letters (R3)
+    async def add_dead_letter(self, letter: DeadLetter) -> None:
+        with self._data.lock:
+            self._data.dead_letters.setdefault(letter.id, letter)
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        with self._data.lock:  # oldest first, as the SQL stores order them
+            return sorted(self._data.dead_letters.values(), key=lambda d: (d.at, d.id))[:limit]
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        with self._data.lock:
+            return self._data.dead_letters.get(letter_id)
+
+    async def purge_dead_letters(self) -> int:
+        with self._data.lock:
+            count = len(self._data.dead_letters)
+            self._data.dead_letters.clear()
+            return count
+
+    # ------------------------------------------------------------ outbox (E11)
+    def _add_outbox(self, queue: str, body: bytes) -> None:
+        message_id = next(self._data.ids)
+        self._data.outbox[message_id] = _Outbox(message_id, queue, body)
+
+    async def take_outbox(self, queues: Collection[str] | None, limit: int
+                          ) -> list[OutboxMessage]:
+        wanted = None if queues is None else set(queues)
+        with self._data.lock:
+            now = self.now()
+            taken: list[OutboxMessage] = []
+            for message in self._data.outbox.values():
+                if len(taken) >= limit:
+                    break
+                if message.leased_until < now and (wanted is None or message.queue in wanted):
+                    message.leased_until = now + _OUTBOX_LEASE_S
+                    taken.append(OutboxMessage(id=message.id, queue=message.queue,
+                                               body=message.body))
+            return taken
+
+    async def ack_outbox(self, ids: Collection[int]) -> None:
+        with self._data.lock:
+            for message_id in ids:
+                self._data.outbox.pop(message_id, None)
+
+    async def close(self) -> None:
+        """Nothing to release: the data lives while a store refers to it."""
+
+
+def _upsert_unit(row: _TaskRow, values: tuple[Any, ...]) -> None:
+    """A "step" row of rows.implied_rows, written as sql.UPSERT_STEP writes it."""
+    (_, phase, index, name, agent, state, started, failures, complete_by, key, result, error,
+     in_doubt, _, _) = values
+    unit = row.units.get((phase, index))
+    if unit is None:
+        row.units[(phase, index)] = _UnitRow(
+            name=name, agent=agent, state=state, idempotency_key=key, attempts=started,
+            failure_count=max(failures, 0), complete_by=complete_by, result_json=result,
+            error=error, in_doubt=bool(in_doubt))
+        return
+    unit.name, unit.agent, unit.idempotency_key = name, agent, key  # (a migration renames)
+    unit.state = state
+    unit.attempts += started
+    unit.failure_count = 0 if failures < 0 else unit.failure_count + failures
+    if complete_by is not None:
+        unit.complete_by = complete_by
+    if result is not None:
+        unit.result_json = result
+    unit.error = error
+    unit.in_doubt = unit.in_doubt or bool(in_doubt)
+
+
+def _task(row: _TaskRow, *, steps: bool = True) -> Task:
+    """A fresh Task (and its steps) from a row: the caller may change it freely."""
+    task = Task(task_id=row.task_id, workflow=row.workflow, input=_decode(row.input_json),
+                state=TaskState(row.state), phase=Phase(row.phase), cursor=row.cursor,
+                locked_by=row.locked_by, complete_by=row.complete_by,
+                failure_count=row.failure_count, epoch=row.epoch, reply_to=row.reply_to,
+                error=row.error, created_at=row.created_at, updated_at=row.updated_at,
+                version=row.version)
+    if not steps:
+        return task
+    undo: list[tuple[int, _UnitRow]] = []
+    for (phase, index), unit in sorted(row.units.items()):
+        if phase == Phase.UNDO.value:
+            undo.append((index, unit))
+            continue
+        task.steps.append(StepRecord(
+            name=unit.name, agent=unit.agent, state=StepState(unit.state),
+            attempts=unit.attempts, failure_count=unit.failure_count,
+            complete_by=unit.complete_by, idempotency_key=unit.idempotency_key,
+            result=None if unit.result_json is None else _decode(unit.result_json),
+            error=unit.error, in_doubt=unit.in_doubt))
+    for index, unit in undo:
+        task.steps[index].compensation = CompensationRecord(
+            state=StepState(unit.state), attempts=unit.attempts,
+            failure_count=unit.failure_count, complete_by=unit.complete_by,
+            idempotency_key=unit.idempotency_key, error=unit.error)
+    return task
