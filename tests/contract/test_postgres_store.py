@@ -10,6 +10,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any
 
