@@ -90,12 +90,6 @@ class InFlight:
         self.now -= 1
 
 
-async def quiet(seconds: float = 0.1) -> None:
-    """Give a transport the chance to (wrongly) start another handler. Only where
-    nothing can be delivered to show that the chance was had (every slot is held)."""
-    await asyncio.sleep(seconds)
-
-
 async def behind_a_marker(transport: Transport, queue: str, got: Collector) -> list[bytes]:
     """What `got` received before a marker published to `queue` now reached it: a
     transport that was to deliver something more (a duplicate, a stray) has done so."""
@@ -163,7 +157,8 @@ async def test_a_message_in_flight_when_consuming_stops_is_redelivered(
 
 async def test_prefetch_bounds_messages_in_flight(transport: Transport, consumers: Consumers,
                                                   queue_name: QueueName) -> None:
-    """At most `prefetch` messages are being handled at once; the rest wait their turn."""
+    """At most `prefetch` messages are being handled at once; the rest wait their turn
+    (another consumer can take them)."""
     queue = queue_name("requests")
     release, filled = asyncio.Event(), asyncio.Event()
     running = InFlight()
@@ -181,10 +176,22 @@ async def test_prefetch_bounds_messages_in_flight(transport: Transport, consumer
     consumers.start(queue, slow, prefetch=3)
     async with asyncio.timeout(HANG_GUARD):
         await filled.wait()
-    await quiet()
-    assert (running.now, running.peak) == (3, 3)
+    # a second consumer takes what the first left waiting: once every message is being
+    # handled by the first or was taken by the second, the first had its chance to
+    # take a fourth
+    rest = Collector()
+    second = consumers.start(queue, rest, prefetch=10)
+    async with asyncio.timeout(HANG_GUARD):
+        while running.now + len(rest.bodies) < 10:
+            await asyncio.sleep(0.01)
+    assert (running.now, running.peak, len(rest.bodies)) == (3, 3, 7)
+    await consumers.stop(second)
+    # and, released, the first takes more, never more than 3 at once
+    for n in range(10, 20):
+        await transport.publish(queue, f"m{n}".encode())
     release.set()
-    assert sorted(await done.until(10)) == sorted(f"m{n}".encode() for n in range(10))
+    assert sorted(await done.until(13) + rest.bodies) == sorted(
+        f"m{n}".encode() for n in range(20))
     assert running.peak == 3
 
 
