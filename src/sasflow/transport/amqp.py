@@ -31,6 +31,13 @@ acks, the three things at-least-once delivery here rests on.
   the count is ours rather than the broker's). A message the broker
   redelivers (its consumer died holding it) counts one delivery more.
 
+- A consumer or a publish waits for RabbitMQ for as long as it takes (R2), the
+  first connection included: aio-pika retries every ``reconnect_interval``, each
+  attempt bounded by ``_CONNECT_TIMEOUT``, and its per-attempt log records go to
+  the transport's Outage instead, which says it once, then every 30 s. A
+  publish still gives up after its patience (its caller decides what next);
+  ``ping`` and the dead-letter commands fail at the first refusal.
+
 URL: ``amqp://user:password@host:5672/vhost``, with aio-pika's query options
 (``heartbeat``, ``reconnect_interval``: 1 s here unless given) and ours:
 ``queue_expires=SECONDS``: the broker deletes queues unused for that long
