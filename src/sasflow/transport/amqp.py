@@ -281,8 +281,9 @@ class AmqpTransport:
                     raise TransportError(
                         f"cannot publish to {queue}: RabbitMQ unreachable ({error!r})"
                     ) from error
-                # a robust connection is reconnecting: wait and send again (at least once)
-                self._outage.failed(error)
+                # a robust connection is reconnecting (its Outage says so): wait and
+                # send again (at least once)
+                log.debug("publish to %s failed (%r); retrying", queue, error)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
 
@@ -506,7 +507,7 @@ class _ReconnectAttempts(logging.Filter):
     def watch(self, connection: AbstractRobustConnection, outage: Outage) -> None:
         if not self._installed:
             self._installed = True
-            for name in ("aio_pika.robust_connection", "aiormq.connection"):
+            for name in ("aio_pika.robust_connection", "aiormq.connection", "aio_pika.tools"):
                 # first: the redacting filter (redact.guard_loggers) flattens the
                 # record's arguments, and the connection is found by them
                 logging.getLogger(name).filters.insert(0, self)
@@ -516,7 +517,20 @@ class _ReconnectAttempts(logging.Filter):
         self._outages.pop(id(connection), None)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "aio_pika.tools":
+            # each robust channel failing to reopen on the closed connection, an error
+            # line per channel per loss: the reconnection reopens them all
+            return not (str(record.msg).startswith("Callback") and isinstance(
+                record.args, tuple) and record.args and "RobustChannel._on_close" in repr(
+                record.args[0]) and any(not c.connected.is_set()
+                                         for c, _ in self._outages.values()))
         if record.name == "aiormq.connection":
+            if not self._outages:
+                return True
+            if str(record.msg).startswith("Cancelling cause reader exited abnormally"):
+                # a lost connection's traceback: the Outage names its cause in one line
+                record.exc_info, record.exc_text = None, None
+                return True
             # a refused socket, said again by the attempt's own record just after
             return not (str(record.msg).startswith("error when creating transport")
                         and any(not c.connected.is_set() for c, _ in self._outages.values()))
