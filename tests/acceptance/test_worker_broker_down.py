@@ -186,11 +186,13 @@ def test_a_worker_whose_broker_is_lost_stops_on_sigterm_and_hands_its_tasks_back
         _wait("request in the agent's queue", lambda: _queued(AGENT_QUEUE) >= 1,
               worker.process, worker.log)
         getattr(proxy, fault)()
+        _wait("reconnection", lambda: "reconnecting" in worker.text().lower(),
+              worker.process, worker.log)
+        # claimed while the client reconnects: its request waits to be sent (for up to
+        # 15 s, long enough for the signal to find it waiting)
         app_cli("submit", "echoapp:app", "echo", "--task-id", "waiting-to-send")
         assert _locked_by(app_cli, "waiting-to-send", worker.process,
                           worker.log) == instance
-        _wait("reconnection", lambda: "reconnecting" in worker.text().lower(),
-              worker.process, worker.log)
 
         worker.process.send_signal(signal.SIGTERM)
         try:
