@@ -453,8 +453,15 @@ class App:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, task.cancel)
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.arun(**options)
+            try:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.arun(**options)
+            finally:
+                # closed in the loop it served: a broker client left open keeps
+                # reconnecting, and swallows the cancellation that ends the loop (R2)
+                transport, self._transport = self._transport, None
+                if transport is not None:
+                    await transport.close()
 
         asyncio.run(main())
 

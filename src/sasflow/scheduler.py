@@ -26,6 +26,7 @@ from sasflow.testing import failpoints
 from sasflow.transition import Transition
 from sasflow.transport.base import Transport, agent_queue, reply_queue
 from sasflow.transport.dead_letter import decoded
+from sasflow.transport.outage import Repeats
 
 __all__ = ["Scheduler"]
 
@@ -57,6 +58,8 @@ class Scheduler:
         self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply | None]]] = {}
         self._drivers: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        # a lost broker fails every driver at once: one line per cause, not a traceback each
+        self._failures = Repeats(log, "task driver failed; its task is left to the supervisor")
 
     def wake(self) -> None:
         """Look for work now (a task was submitted or released in this process)."""
@@ -159,8 +162,9 @@ class Scheduler:
 
     def _driver_done(self, driver: asyncio.Task[None]) -> None:
         self._drivers.discard(driver)
-        if not driver.cancelled() and driver.exception() is not None:
-            log.error("task driver failed", exc_info=driver.exception())
+        error = None if driver.cancelled() else driver.exception()
+        if error is not None:  # its task is left to the supervisor (see _drive)
+            self._failures.failed(error)
         self._wake.set()  # a slot is free
 
     async def _drive(self, task: Task) -> None:

@@ -22,7 +22,7 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 
 from sasflow.errors import MissingExtraError, TransportError
-from sasflow.transport import Transport, agent_queue, open_transport
+from sasflow.transport import Transport, agent_queue, amqp, open_transport
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
@@ -404,12 +404,17 @@ async def test_a_body_over_the_limit_is_refused_before_connecting() -> None:
         await transport.close()
 
 
-async def test_an_unreachable_broker_is_a_transport_error() -> None:
-    """Connecting to a port with no broker fails fast with TransportError, password hidden."""
+async def test_an_unreachable_broker_is_a_transport_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Publishing to a port with no broker waits for it (R2: it may be restarting), then,
+    after the publish's patience, fails with TransportError naming the cause, password
+    hidden."""
+    monkeypatch.setattr(amqp, "_PUBLISH_PATIENCE", 1.0)
     transport = open_transport("amqp://guest:secret@127.0.0.1:1/")
     try:
-        with pytest.raises(TransportError, match="cannot connect to RabbitMQ") as caught:
+        with pytest.raises(TransportError, match=r"RabbitMQ at .* unreachable for 1s") as caught:
             await transport.publish("q", b"x")
+        assert "Connect call failed" in str(caught.value)
         assert "secret" not in str(caught.value)
     finally:
         await transport.close()

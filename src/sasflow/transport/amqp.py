@@ -31,6 +31,13 @@ acks, the three things at-least-once delivery here rests on.
   the count is ours rather than the broker's). A message the broker
   redelivers (its consumer died holding it) counts one delivery more.
 
+- A consumer or a publish waits for RabbitMQ for as long as it takes (R2), the
+  first connection included: aio-pika retries every ``reconnect_interval``, each
+  attempt bounded by ``_CONNECT_TIMEOUT``, and its per-attempt log records go to
+  the transport's Outage instead, which says it once, then every 30 s. A
+  publish still gives up after its patience (its caller decides what next);
+  ``ping`` and the dead-letter commands fail at the first refusal.
+
 URL: ``amqp://user:password@host:5672/vhost``, with aio-pika's query options
 (``heartbeat``, ``reconnect_interval``: 1 s here unless given) and ours:
 ``queue_expires=SECONDS``: the broker deletes queues unused for that long
@@ -44,10 +51,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -62,7 +71,7 @@ from aio_pika.abc import (
 from pamqp.common import FieldTable
 
 from sasflow.errors import ConfigurationError, TransportError
-from sasflow.redact import redact
+from sasflow.redact import redact, redact_text
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE, Bundler, decode_bundle
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, carries_bundles
 from sasflow.transport.dead_letter import (
@@ -73,6 +82,7 @@ from sasflow.transport.dead_letter import (
     log_dead_letter,
     split_policy,
 )
+from sasflow.transport.outage import Outage
 
 __all__ = ["AmqpTransport"]
 
@@ -82,6 +92,10 @@ log = logging.getLogger("sasflow.transport.amqp")
 _PUBLISH_PATIENCE = 15.0
 # Seconds between reconnection attempts, unless the URL sets reconnect_interval.
 _RECONNECT_INTERVAL = 1.0
+# Bounds each attempt to connect (TCP and AMQP handshakes).
+_CONNECT_TIMEOUT = 10.0
+# Cap of the pause between attempts to open a connection cut during its handshake.
+_RECONNECT_CAP = 5.0
 # Bounds the clean-up of a stopping consumer, so a dead broker cannot hang a shutdown.
 _STOP_TIMEOUT = 5.0
 
@@ -100,6 +114,10 @@ _PEEK_TIMEOUT = 5.0
 _CONNECTION_ERRORS = (aiormq.exceptions.AMQPConnectionError,
                       aiormq.exceptions.ChannelInvalidStateError,
                       aiormq.exceptions.ChannelClosed, ConnectionError)
+# What the broker says of a queue or exchange itself (declared with other
+# arguments, not permitted, missing): the same on every retry.
+_REFUSALS = (aiormq.exceptions.ChannelPreconditionFailed,
+             aiormq.exceptions.ChannelAccessRefused, aiormq.exceptions.ChannelNotFoundEntity)
 
 
 class AmqpTransport:
@@ -116,35 +134,76 @@ class AmqpTransport:
         self._consumed: dict[str, int] = {}
         self._bundler = Bundler(self._send, max_bytes=max_message_bytes)
         self._closed = False
+        self._outage = Outage(log, f"RabbitMQ at {redact(self.url)}")
 
-    async def _connect(self) -> tuple[AbstractRobustConnection, AbstractChannel]:
-        """The connection and its publishing channel, opened once for every caller."""
+    async def _connect(self, *, patient: bool = True
+                       ) -> tuple[AbstractRobustConnection, AbstractChannel]:
+        """The connection and its publishing channel, opened once for every caller.
+
+        A `patient` caller (a consumer, a publish) waits for RabbitMQ for as long as
+        it takes (R2): aio-pika retries every ``reconnect_interval``, and the
+        transport's Outage logs it once, then every 30 s. Otherwise (an operator's
+        command) the first refusal is a TransportError.
+        """
         if self._closed:
             raise TransportError("the RabbitMQ transport is closed")
         if self._opening is None:
-            self._opening = asyncio.create_task(self._open())
+            self._opening = asyncio.create_task(self._open(patient=patient))
             self._opening.add_done_callback(_retrieve)
         opening = self._opening
         try:
             # shielded: a caller cancelled mid-connect must not cancel the connection
-            # attempt, which aio-pika would then keep retrying in the background
+            # attempt that the other callers wait for
             return await asyncio.shield(opening)
         except TransportError:
             if self._opening is opening:
                 self._opening = None  # the next caller tries again
             raise
 
-    async def _open(self) -> tuple[AbstractRobustConnection, AbstractChannel]:
-        try:
-            connection = await aio_pika.connect_robust(self.url)
-            publisher = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        except (aiormq.exceptions.AMQPError, OSError) as error:
-            raise TransportError(
-                f"cannot connect to RabbitMQ at {redact(self.url)}: {error}") from error
-        return connection, publisher
+    async def _open(self, *, patient: bool
+                    ) -> tuple[AbstractRobustConnection, AbstractChannel]:
+        for attempt in itertools.count(1):
+            # fail_fast off: aio-pika keeps trying the first connection, as it does
+            # every later one, instead of raising at the first refusal
+            connection = aio_pika.RobustConnection(aio_pika.connection.make_url(
+                _with_query(self.url, fail_fast="1" if not patient else "0")))
+            _ATTEMPTS.watch(connection, self._outage)
+            try:
+                # bounds each attempt, the first and every reconnection: a broker that
+                # accepts and never answers would hold one forever
+                await connection.connect(timeout=_CONNECT_TIMEOUT)
+                publisher = await connection.channel(publisher_confirms=True,
+                                                     on_return_raises=True)
+            except (aiormq.exceptions.AMQPError, OSError) as error:
+                _ATTEMPTS.forget(connection)
+                with contextlib.suppress(Exception):
+                    await connection.close()
+                if not patient:
+                    raise TransportError(f"cannot connect to RabbitMQ at {redact(self.url)}:"
+                                         f" {error}") from error
+                # cut during the handshake or the channel's opening: start over
+                self._outage.failed(error)
+                await asyncio.sleep(_backoff(attempt))
+                continue
+            except BaseException:
+                _ATTEMPTS.forget(connection)
+                await _close_quietly(connection)
+                raise
+            self._outage.recovered()
+            connection.close_callbacks.add(self._on_lost)
+            connection.reconnect_callbacks.add(lambda _: self._outage.recovered())
+            return connection, publisher
+        raise AssertionError("unreachable")
+
+    def _on_lost(self, _: object, error: BaseException | None) -> None:
+        """The connection closed; unless by us, aio-pika is reconnecting (R2)."""
+        if not self._closed and error is not None:
+            self._outage.failed(TransportError("no answer within the heartbeat") if isinstance(
+                error, asyncio.CancelledError) else error)  # aiormq's word for it
 
     async def ping(self) -> None:
-        await self._connect()
+        """Open the connection, or fail at the first refusal (a health check)."""
+        await self._connect(patient=False)
 
     async def _declare(self, channel: AbstractChannel, queue: str) -> AbstractQueue:
         return await channel.declare_queue(queue, durable=True, arguments=self._arguments)
@@ -186,7 +245,15 @@ class AmqpTransport:
         pause = 0.05
         redeclared = False
         while True:
-            _, channel = await self._connect()
+            try:
+                async with asyncio.timeout(max(0.0, give_up - time.monotonic())):
+                    _, channel = await self._connect()
+            except TimeoutError:
+                last = self._outage.last
+                why = redact_text(str(last)) if last is not None else "no answer"
+                raise TransportError(
+                    f"cannot publish to {queue}: RabbitMQ at {redact(self.url)} unreachable"
+                    f" for {_PUBLISH_PATIENCE:g}s ({why})") from last
             try:
                 if to_dead_letters:
                     exchange = await self._declare_dead_letters(channel)
@@ -206,13 +273,17 @@ class AmqpTransport:
                 redeclared = True
             except aiormq.exceptions.DeliveryError as error:
                 raise TransportError(f"RabbitMQ refused a message to {queue}: {error}") from error
-            except _CONNECTION_ERRORS as error:
+            except (*_CONNECTION_ERRORS, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and _being_cancelled():
+                    raise
+                # else aiormq cancelled the confirm: it gave the connection up (heartbeats)
                 if self._closed or time.monotonic() + pause > give_up:
                     raise TransportError(
                         f"cannot publish to {queue}: RabbitMQ unreachable ({error!r})"
                     ) from error
-                # a robust connection is reconnecting: wait and send again (at least once)
-                log.info("publish to %s failed (%r); retrying", queue, error)
+                # a robust connection is reconnecting (its Outage says so): wait and
+                # send again (at least once)
+                log.debug("publish to %s failed (%r); retrying", queue, error)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
 
@@ -224,11 +295,6 @@ class AmqpTransport:
         slots = asyncio.Semaphore(max(1, prefetch))
         channel: AbstractChannel | None = None
         try:
-            connection, _ = await self._connect()
-            channel = await connection.channel(publisher_confirms=False)
-            await channel.set_qos(prefetch_count=max(1, prefetch))
-            declared = await self._declare(channel, queue)
-
             async def handle(body: bytes) -> Exception | None:
                 """The handler's error, if it raised (bounded by the slots)."""
                 async with slots:
@@ -266,7 +332,26 @@ class AmqpTransport:
                 finally:
                     running.discard(task)
 
-            tag = await declared.consume(on_message, no_ack=False)
+            for attempt in itertools.count(1):
+                try:
+                    connection, _ = await self._connect()
+                    channel = await connection.channel(publisher_confirms=False)
+                    await channel.set_qos(prefetch_count=max(1, prefetch))
+                    declared = await self._declare(channel, queue)
+                    tag = await declared.consume(on_message, no_ack=False)
+                    break
+                except _REFUSALS:
+                    raise  # the broker refuses this queue as declared: no retry helps
+                except (*_CONNECTION_ERRORS, TimeoutError, asyncio.CancelledError) as error:
+                    if isinstance(error, asyncio.CancelledError) and _being_cancelled():
+                        raise
+                    # the connection went while the consumer was being set up (aiormq
+                    # cancels what waited on it): it is reconnecting, so set up again (R2)
+                    if channel is not None:
+                        await _close_quietly(channel)
+                        channel = None
+                    self._outage.failed(error)
+                    await asyncio.sleep(_backoff(attempt))
             try:
                 await asyncio.Future()  # consume until cancelled
             finally:
@@ -332,7 +417,7 @@ class AmqpTransport:
     async def _peek(self, enough: Callable[[list[DeadLetter]], bool]) -> list[DeadLetter]:
         """The dead-letter queue's messages from its head until `enough`, left in place:
         taken unacked and handed back, in order, when the channel closes."""
-        connection, _ = await self._connect()
+        connection, _ = await self._connect(patient=False)  # an operator's command
         letters: list[DeadLetter] = []
         try:
             async with connection.channel(publisher_confirms=False) as channel:
@@ -348,7 +433,7 @@ class AmqpTransport:
         return letters
 
     async def purge_dead_letters(self) -> int:
-        connection, _ = await self._connect()
+        connection, _ = await self._connect(patient=False)  # an operator's command
         try:
             async with connection.channel(publisher_confirms=False) as channel:
                 await self._declare_dead_letters(channel)
@@ -367,15 +452,106 @@ class AmqpTransport:
         opening, self._opening = self._opening, None
         if opening is None:
             return
-        with contextlib.suppress(Exception):
-            connection, _ = await asyncio.shield(opening)
-            await connection.close()
+        if not opening.done():  # still waiting for RabbitMQ: stop waiting
+            opening.cancel()
+            await asyncio.gather(opening, return_exceptions=True)
+            return
+        if not opening.cancelled() and opening.exception() is None:
+            connection, _ = opening.result()
+            _ATTEMPTS.forget(connection)
+            await _close_quietly(connection)
 
 
 def _retrieve(task: asyncio.Task[tuple[AbstractRobustConnection, AbstractChannel]]) -> None:
     """Mark a failed connection attempt's error as seen: its callers got it already."""
     if not task.cancelled():
         task.exception()
+
+
+async def _close_quietly(connection: aio_pika.abc.AbstractConnection | AbstractChannel
+                         ) -> None:
+    """Close a connection or channel, within a bound: a silent broker cannot hold us."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(_STOP_TIMEOUT):
+            await connection.close()
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task was cancelled (not a library future it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _backoff(attempt: int) -> float:
+    """Capped, jittered pause before connecting again after a failed handshake."""
+    return min(_RECONNECT_CAP, 0.1 * 2.0 ** (attempt - 1)) * (0.5 + random.random() / 2)
+
+
+def _with_query(url: str, **options: str) -> str:
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in options]
+    return urlunsplit(parts._replace(query=urlencode([*query, *options.items()])))
+
+
+class _ReconnectAttempts(logging.Filter):
+    """aio-pika logs every reconnection attempt, once a second while RabbitMQ is down
+    (and aiormq each refused socket with it): thousands of lines an hour. Each
+    attempt of a connection this module opened goes to its transport's Outage
+    instead, which says it once and then every 30 s (R2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._outages: dict[int, tuple[AbstractRobustConnection, Outage]] = {}
+        self._installed = False
+
+    def watch(self, connection: AbstractRobustConnection, outage: Outage) -> None:
+        if not self._installed:
+            self._installed = True
+            for name in ("aio_pika.robust_connection", "aiormq.connection", "aio_pika.tools"):
+                # first: the redacting filter (redact.guard_loggers) flattens the
+                # record's arguments, and the connection is found by them
+                logging.getLogger(name).filters.insert(0, self)
+        self._outages[id(connection)] = (connection, outage)
+
+    def forget(self, connection: AbstractRobustConnection) -> None:
+        self._outages.pop(id(connection), None)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "aio_pika.tools":
+            # each robust channel failing to reopen on the closed connection, an error
+            # line per channel per loss: the reconnection reopens them all
+            return not (str(record.msg).startswith("Callback") and isinstance(
+                record.args, tuple) and record.args and "RobustChannel._on_close" in repr(
+                record.args[0]) and any(not c.connected.is_set()
+                                         for c, _ in self._outages.values()))
+        if record.name == "aiormq.connection":
+            if not self._outages:
+                return True
+            if str(record.msg).startswith("Cancelling cause reader exited abnormally"):
+                # a lost connection's traceback: the Outage names its cause in one line
+                record.exc_info, record.exc_text = None, None
+                return True
+            # a refused socket, said again by the attempt's own record just after
+            return not (str(record.msg).startswith("error when creating transport")
+                        and any(not c.connected.is_set() for c, _ in self._outages.values()))
+        if not isinstance(record.args, tuple) or not record.args:
+            return True
+        watched = self._outages.get(id(record.args[0]))
+        if watched is None or watched[0] is not record.args[0]:
+            return True
+        outage = watched[1]
+        message = str(record.msg)
+        if message.startswith("Connection attempt to") and len(record.args) > 1:
+            error = record.args[1]
+            outage.failed(error if isinstance(error, BaseException) else
+                          TransportError(str(error)))
+            return False
+        # "closed, reconnecting", said again for each failed attempt: the Outage
+        # said it (the connection's close callback runs first)
+        return not message.startswith("Connection to")
+
+
+_ATTEMPTS = _ReconnectAttempts()
 
 
 def _split_url(url: str) -> tuple[str, FieldTable, DeliveryPolicy, str]:

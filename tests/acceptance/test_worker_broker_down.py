@@ -1,0 +1,230 @@
+"""A worker outwaits its broker, and stops on SIGTERM whatever its broker does (R2).
+
+Real `sasflow worker` processes against real brokers: a private RabbitMQ or
+Redis that is not running yet when the worker starts (it must wait, logging a
+few lines, and then serve), and the machine's RabbitMQ behind a small TCP
+proxy that black-holes the worker's connections (the bytes stop, the sockets
+stay open: no error ever reaches the client), after which a SIGTERM must still
+stop the worker, handing its tasks back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cliharness import Cli
+
+from scenario.servers import PrivateRabbit, PrivateRedis
+from support.services import require
+
+# the agent's name is the test run's own: its queue on the machine's RabbitMQ too
+AGENT = f"echo_{uuid.uuid4().hex[:12]}"
+AGENT_QUEUE = f"sasflow.agent.{AGENT}"
+APP = f"""
+from sasflow import App, Step
+
+app = App()
+
+@app.agent("{AGENT}")
+async def echo(req):
+    return {{"echoed": req.input}}
+
+app.workflow("echo", steps=[Step("echo", agent="{AGENT}", timeout=120.0)])
+"""
+HANG_GUARD = 120.0  # seconds: a private RabbitMQ boots in ~10 s on a loaded machine
+STOP_HANG_GUARD = 60.0  # seconds for a SIGTERM to stop a worker
+# The worker's log while its broker is down and then comes back: the start-up
+# lines, one "connection lost" and one "reconnected" per connection (RabbitMQ:
+# one; Redis: one per consumer), and the occasional reminder. Not one per attempt.
+MAX_LOG_LINES = 12
+
+
+@pytest.fixture
+def app_cli(cli: Cli) -> Cli:
+    (cli.home / "echoapp.py").write_text(APP)
+    return cli
+
+
+@pytest.fixture(params=["rabbitmq", "redis"])
+def down_broker(request: pytest.FixtureRequest, tmp_path: Path
+                ) -> Iterator[PrivateRabbit | PrivateRedis]:
+    """A private broker on a port of its own, not started: the test starts it."""
+    require(request.param)
+    server = (PrivateRabbit(tmp_path / "rabbitmq") if request.param == "rabbitmq"
+              else PrivateRedis(tmp_path / "redis"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _wait(what: str, done: object, worker: subprocess.Popen[bytes] | None = None,
+          log: Path | None = None) -> None:
+    assert callable(done)
+    deadline = time.monotonic() + HANG_GUARD
+    while not done():
+        if worker is not None and worker.poll() is not None:
+            pytest.fail(f"the worker exited ({worker.returncode}) while waiting for {what}:"
+                        f" {log.read_text() if log else ''}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {HANG_GUARD:.0f}s: {log.read_text() if log else ''}")
+        time.sleep(0.1)
+
+
+def test_a_worker_started_while_its_broker_is_down_waits_then_serves(
+        app_cli: Cli, down_broker: PrivateRabbit | PrivateRedis) -> None:
+    """The worker neither exits nor logs per attempt while the broker is down; once the
+    broker is up it runs the tasks submitted meanwhile (submitting needs only the
+    store), and the broker health check fails until then."""
+    url = down_broker.url
+    submitted = [app_cli("submit", "echoapp:app", "echo", "--task-id", f"t{i}",
+                         "--input", str(i)) for i in range(3)]
+    assert all(s.status == 0 for s in submitted), [s.err for s in submitted]
+    worker = app_cli.worker("echoapp:app", "--transport", url)
+    worker.wait_for_log("connection lost")  # it knows the broker is down, and waits
+    assert worker.process.poll() is None
+
+    health = app_cli("healthcheck", "--transport", url, "--timeout", "2")
+    assert health.status == 1, health
+    assert health.one_error_line()
+
+    down_broker.start()
+    for i in range(3):
+        task = app_cli.wait_for(f"t{i}", "processed", worker)
+        assert task["steps"][0]["result"] == {"echoed": i}
+    assert app_cli("healthcheck", "--transport", url).status == 0
+    worker.wait_for_log("reconnected")
+    assert worker.stop() == 0
+    lines = worker.text().splitlines()
+    assert len(lines) <= MAX_LOG_LINES, worker.text()
+    assert "Traceback" not in worker.text()
+
+
+class FaultProxy:
+    """A TCP proxy to RabbitMQ that can `silence` the link (no byte carried any more,
+    every socket kept open: a partition, as the client sees it) or `cut` it (every
+    connection reset). Either way, a connection opened afterwards is accepted and
+    never answered, as a partitioned or hung broker would leave it."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self.broken = threading.Event()
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.sockets.append(client)
+            if self.broken.is_set():
+                continue  # held open, never answered
+            server = socket.create_connection(self.target)
+            self.sockets.append(server)
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while not self.broken.is_set():
+                ready, _, _ = select.select([a, b], [], [], 0.1)
+                if self.broken.is_set():
+                    return  # what arrives from now on stays unread
+                for side in ready:
+                    data = side.recv(65536)
+                    if not data:
+                        return
+                    (b if side is a else a).sendall(data)
+
+    def silence(self) -> None:
+        self.broken.set()
+
+    def cut(self) -> None:
+        self.broken.set()
+        sockets, self.sockets = self.sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+@pytest.mark.parametrize("fault", ["silence", "cut"])
+def test_a_worker_whose_broker_is_lost_stops_on_sigterm_and_hands_its_tasks_back(
+        app_cli: Cli, rabbitmq_server: str, fault: str) -> None:
+    """One task waits for its reply and one for its request to be sent when the link to
+    the broker goes silent or is cut, and the client is reconnecting to a broker that
+    does not answer; SIGTERM then stops the worker (exit 0) and both tasks are pending
+    and unlocked again, ready for another worker. (The client's reconnect loop used
+    to swallow the cancellation that ends the process: it never exited.)"""
+    proxy = FaultProxy(("127.0.0.1", 5672))
+    try:
+        # a scheduler alone: nobody answers, so its task is held, waiting for the reply;
+        # heartbeats every 2 s, so the client notices a silent link within seconds
+        url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/?queue_expires=60&heartbeat=2"
+        worker = app_cli.worker("echoapp:app", "--roles", "scheduler", "--transport", url)
+        app_cli("submit", "echoapp:app", "echo", "--task-id", "waiting-for-reply")
+        instance = _locked_by(app_cli, "waiting-for-reply", worker.process, worker.log)
+        # its request went through the proxy (the queue holds it): the link carried
+        # everything up to now
+        _wait("request in the agent's queue", lambda: _queued(AGENT_QUEUE) >= 1,
+              worker.process, worker.log)
+        getattr(proxy, fault)()
+        _wait("reconnection", lambda: "reconnecting" in worker.text().lower(),
+              worker.process, worker.log)
+        # claimed while the client reconnects: its request waits to be sent (for up to
+        # 15 s, long enough for the signal to find it waiting)
+        app_cli("submit", "echoapp:app", "echo", "--task-id", "waiting-to-send")
+        assert _locked_by(app_cli, "waiting-to-send", worker.process,
+                          worker.log) == instance
+
+        worker.process.send_signal(signal.SIGTERM)
+        try:
+            status = worker.process.wait(timeout=STOP_HANG_GUARD)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            pytest.fail(f"the worker ignored SIGTERM: {worker.text()}")
+        assert status == 0, worker.text()
+        for task_id in ("waiting-for-reply", "waiting-to-send"):
+            task = app_cli.task(task_id)
+            assert (task["state"], task["locked_by"]) == ("pending", None), task
+    finally:
+        proxy.close()
+        _delete(AGENT_QUEUE)
+
+
+def _locked_by(cli: Cli, task_id: str, worker: subprocess.Popen[bytes], log: Path) -> str:
+    """The instance that claimed the task, once one has."""
+    _wait(f"claim of {task_id}", lambda: cli.task(task_id)["locked_by"], worker, log)
+    locked_by: str = cli.task(task_id)["locked_by"]
+    return locked_by
+
+
+def _queued(queue: str) -> int:
+    """Messages ready in one of the machine's RabbitMQ queues (0 if it does not exist)."""
+    done = subprocess.run(["rabbitmqctl", "list_queues", "-q", "--no-table-headers",
+                           "name", "messages_ready"], capture_output=True, text=True,
+                          timeout=60, check=True)
+    counts = dict(line.split("\t") for line in done.stdout.splitlines() if "\t" in line)
+    return int(counts.get(queue, "0"))
+
+
+def _delete(queue: str) -> None:
+    subprocess.run(["rabbitmqctl", "delete_queue", queue], capture_output=True, timeout=60,
+                   check=False)
