@@ -50,7 +50,8 @@ def cli(ctx: click.Context) -> None:
 
 # commands that run actors and log what they do; the others answer in one line
 _LOGGING_COMMANDS = ("worker", "demo")
-_CLIENT_LIBRARIES = ("psycopg", "aio_pika", "aiormq", "redis")
+# and sasflow's own (a store saying it is down and retrying, as a worker's log should)
+_CLIENT_LIBRARIES = ("psycopg", "aio_pika", "aiormq", "redis", "sasflow")
 
 
 def _quiet_client_libraries() -> None:

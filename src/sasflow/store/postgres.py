@@ -110,6 +110,10 @@ _POOL_WAIT_MAX_S = 5.0
 # for a caller to ask again: psycopg_pool doubles its delay between attempts
 # without a cap, which after a long outage would mean minutes before it tried.
 _POOL_RECONNECT_S = 2.0
+# One connection attempt's limit: a host that accepts and never answers would
+# otherwise hold an attempt (and a thread, and a shutdown) forever; the attempt is
+# then retried with the others' backoff. libpq counts whole seconds, 2 at the least.
+_CONNECT_ATTEMPT_S = 10
 
 
 class _QuietPools(logging.Filter):
@@ -212,7 +216,8 @@ class PostgresStore:
                 self._home = home = loop
                 self._pool = AsyncConnectionPool(
                     self.conninfo, min_size=0, max_size=self.pool_size, open=False,
-                    kwargs={"autocommit": True}, configure=_configure,
+                    kwargs={"autocommit": True, "connect_timeout": self._connect_timeout()},
+                    configure=_configure,
                     name=f"{_POOL_PREFIX}{id(self):x}", reconnect_timeout=_POOL_RECONNECT_S)
                 self._commit = GroupCommit(self._write)
                 self._open_lock = asyncio.Lock()
@@ -307,10 +312,14 @@ class PostgresStore:
             log.warning("a write's answer was lost (%s); it had committed", lost)
         return found
 
+    def _connect_timeout(self) -> int:
+        """Seconds one connection attempt may take (within what the caller waits)."""
+        return max(2, int(min(self.reconnect_for, _CONNECT_ATTEMPT_S)))
+
     def _ensure_schema(self) -> None:
         """Check (or bring up to date) the schema, on a connection of its own."""
         try:
-            with psycopg.connect(self.conninfo) as conn:
+            with psycopg.connect(self.conninfo, connect_timeout=self._connect_timeout()) as conn:
                 self.migrations_applied += _migrate(conn, self._create)
         except psycopg.OperationalError as error:
             raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
@@ -324,7 +333,8 @@ class PostgresStore:
         if self._sync is None or self._sync.closed or self._sync.broken:
             try:
                 # autocommit: a submission is one statement, a transaction by itself
-                self._sync = psycopg.connect(self.conninfo, autocommit=True)
+                self._sync = psycopg.connect(self.conninfo, autocommit=True,
+                                             connect_timeout=self._connect_timeout())
                 if _has_jit(self._sync):
                     self._sync.execute(q.SESSION_SETUP)
             except psycopg.Error as error:
