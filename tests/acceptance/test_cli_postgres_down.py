@@ -8,11 +8,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from scenario.servers import PrivatePostgres, free_port
+
+SHOP = f"{Path(__file__).parent / 'apps' / 'shopapp.py'}:app"
 
 # Hang guard, not a measure: five times the commands' 5 s connect budget, and less
 # than the 30 s the pool used to wait before it gave up.
@@ -113,3 +116,21 @@ def test_healthcheck_names_a_server_that_does_not_answer(silent_port: int) -> No
     line = one_error_line(sasflow("healthcheck", "--timeout", "2", "--store",
                                   f"postgresql://postgres@127.0.0.1:{silent_port}/test"))
     assert line.endswith(": timed out"), line
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://postgres@127.0.0.1:notaport/test",
+    "postgresql://postgres@127.0.0.1:5432/test?sslmode=sometimes",
+])
+@pytest.mark.parametrize("command", [("tasks", "list"), ("worker", SHOP)])
+def test_a_postgres_url_no_server_can_accept_is_refused_at_once(
+        url: str, command: tuple[str, ...]) -> None:
+    """A URL libpq cannot use (a port that is no number, an unknown sslmode) is a bad
+    setting, not an outage: one line naming it, even from a worker, which would
+    otherwise wait for the database for as long as it takes (R2)."""
+    done = sasflow(*command, "--store", url)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1, done.stderr
+    assert len(lines) == (2 if command[0] == "worker" else 1), done.stderr  # + its start line
+    assert lines[-1].startswith("sasflow: error: bad PostgreSQL URL"), done.stderr
+    assert "notaport" in lines[-1] or "sometimes" in lines[-1]

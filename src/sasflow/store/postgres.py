@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
@@ -114,6 +115,9 @@ _POOL_RECONNECT_S = 2.0
 # otherwise hold an attempt (and a thread, and a shutdown) forever; the attempt is
 # then retried with the others' backoff. libpq counts whole seconds, 2 at the least.
 _CONNECT_ATTEMPT_S = 10
+# libpq's words for a URL it cannot use at all ("invalid integer value "x" for
+# connection option "port"", "invalid sslmode value"), told apart from an outage
+_BAD_SETTING = re.compile(r"^connection is bad: invalid ")
 
 
 class _QuietPools(logging.Filter):
@@ -322,6 +326,8 @@ class PostgresStore:
             with psycopg.connect(self.conninfo, connect_timeout=self._connect_timeout()) as conn:
                 self.migrations_applied += _migrate(conn, self._create)
         except psycopg.OperationalError as error:
+            if _BAD_SETTING.search(str(error)):  # no server will ever accept it: say so now
+                raise ConfigurationError(f"bad PostgreSQL URL: {error}") from error
             raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
         except pg_errors.InsufficientPrivilege as error:
             raise StoreError("the PostgreSQL store's sasflow schema is missing or behind and"
