@@ -257,12 +257,24 @@ class PostgresStore:
                 try:
                     await asyncio.to_thread(self._ensure_schema)
                 except StoreError as error:
-                    if not isinstance(error.__cause__, psycopg.OperationalError):
-                        raise  # not an outage: the schema is behind, or a bad password
-                    await backoff.wait(error.__cause__)
+                    if isinstance(error.__cause__, psycopg.OperationalError):
+                        await backoff.wait(error.__cause__)
+                        continue
+                    await self._discard(pool)  # not an outage: the schema is behind,
+                    raise  # or a bad password
+                except ConfigurationError:
+                    await self._discard(pool)
+                    raise
             self.outage.succeeded()
             self._opened = True
         return pool
+
+    async def _discard(self, pool: AsyncConnectionPool) -> None:
+        """Close a pool whose connecting would never succeed (its workers would retry
+        for ever, holding up the loop's end); the next call makes a new one."""
+        await pool.close()
+        with self._home_lock:
+            self._home = None
 
     async def _run(self, job: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]], *,
                    transaction: bool = True, lost: str = "retry",
