@@ -226,9 +226,7 @@ class Plan:
         units = []
         start = task.cursor
         if task.phase is Phase.DO:
-            started = record.state is StepState.RUNNING or (
-                record.state is StepState.PENDING and record.attempts > 0)
-            if started:  # it may have applied its effect: undo it too
+            if _may_have_run(record):  # it may have applied its effect: undo it too
                 units.append(self._unit(task, StepState.FAILED, in_doubt=True,
                                         error="interrupted: operator requested compensation"))
             elif not record.in_doubt:
@@ -243,12 +241,12 @@ class Plan:
         fence = _Fence(task, owner=task.locked_by)
         units = []
         record = task.steps[task.cursor]
-        why = "cancelled by the operator while it ran"
+        why = "cancelled by the operator after it started"
         if task.phase is Phase.UNDO:
             if record.compensation is not None and (
                     record.compensation.state is StepState.RUNNING):
                 units.append(self._undo_unit(task, StepState.FAILED, error=why))
-        elif record.state is StepState.RUNNING:  # its effect may have happened
+        elif _may_have_run(record):  # running, or released after a dispatch: in doubt
             units.append(self._unit(task, StepState.FAILED, in_doubt=True, error=why))
         return self._move(task, fence, TaskState.CANCELLED, "operator", now, units=units,
                           locked_by=None, why="operator cancelled",
@@ -469,6 +467,13 @@ class Plan:
 
 def _names(shape: list[tuple[str, str]]) -> str:
     return ", ".join(f"{name}/{agent}" for name, agent in shape) or "none"
+
+
+def _may_have_run(record: StepRecord) -> bool:
+    """Whether the step may have applied its effect without its completion recorded:
+    it runs now, or it was dispatched before and released (an expiry, a lost reply)."""
+    return record.state is StepState.RUNNING or (
+        record.state is StepState.PENDING and record.attempts > 0)
 
 
 class _Fence:

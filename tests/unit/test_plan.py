@@ -476,6 +476,21 @@ def test_cancel_stops_an_unfinished_task_undoing_nothing(state: TaskState) -> No
             "charge", S.RUNNING, S.FAILED, True)
 
 
+def test_cancel_of_a_step_released_after_a_dispatch_leaves_it_in_doubt() -> None:
+    """Expired and released, the step is pending again, but its agent may have applied
+    its effect: a cancel racing the supervisor's release records it failed and in
+    doubt, as a cancel of the running step does, never as a step that never ran."""
+    plan = make_plan(max_failures=3)
+    task = new_task(plan)
+    plan.claim(task, "s1", NOW)
+    plan.expire(task, "sup-1", NOW + 6)
+    assert (task.state, task.steps[0].state, task.steps[0].attempts) == (T.PENDING, S.PENDING, 1)
+    t = plan.cancel(task, NOW + 6.1)
+    (unit,) = t.units
+    assert (unit.name, unit.from_state, unit.state, unit.in_doubt) == (
+        "reserve", S.PENDING, S.FAILED, True)
+
+
 @pytest.mark.parametrize("state", [T.COMPENSATING, T.PROCESSED, T.COMPENSATED, T.CANCELLED])
 def test_cancel_is_refused_when_compensating_or_finished(state: TaskState) -> None:
     """A compensation in progress or a finished task cannot be cancelled."""
