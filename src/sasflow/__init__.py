@@ -1,5 +1,7 @@
 """sasflow: durable, self-healing multi-step tasks (the Scheduler-Agent-Supervisor pattern)."""
 
+import logging
+
 from sasflow.agent import AgentRequest
 from sasflow.app import App
 from sasflow.errors import (
@@ -39,3 +41,9 @@ __all__ = [
     "UnknownWorkflowError",
     "WaitTimeout",
 ]
+
+# A library's logs are the application's to show: without a handler of its own
+# configured, sasflow's warnings (a store down and retried) print nothing, instead
+# of reaching stderr through logging's last resort (a one-line command's answer is
+# its one line). `sasflow worker` configures logging and shows them.
+logging.getLogger("sasflow").addHandler(logging.NullHandler())

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import click
@@ -45,20 +45,32 @@ def cli(ctx: click.Context) -> None:
     directory) or PATH.py:ATTRIBUTE.
     """
     if ctx.invoked_subcommand not in _LOGGING_COMMANDS:
-        _quiet_client_libraries()
+        ctx.call_on_close(_quiet_client_libraries())
 
 
 # commands that run actors and log what they do; the others answer in one line
 _LOGGING_COMMANDS = ("worker", "demo")
-# and sasflow's own (a store saying it is down and retrying, as a worker's log should)
-_CLIENT_LIBRARIES = ("psycopg", "aio_pika", "aiormq", "redis", "sasflow")
+_CLIENT_LIBRARIES = ("psycopg", "aio_pika", "aiormq", "redis")
 
 
-def _quiet_client_libraries() -> None:
-    # each failed connection attempt would print its own warning (a pool retrying
-    # for seconds printed ten): the command's one error line names the cause instead
-    for name in _CLIENT_LIBRARIES:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+def _quiet_client_libraries() -> Callable[[], None]:
+    """Silence the client libraries for one command; returns what puts them back.
+
+    Each failed connection attempt would print its own warning (a pool retrying
+    for seconds printed ten): the command's one error line names the cause instead.
+    Put back when the command ends, so a process that runs a command in-process
+    (an application, a test) keeps its own logging as it was.
+    """
+    loggers = [logging.getLogger(name) for name in _CLIENT_LIBRARIES]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+
+    def restore() -> None:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+    return restore
 
 
 for command in (demo, worker, submit, tasks, alerts, dead_letters, db, healthcheck):

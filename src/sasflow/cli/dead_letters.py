@@ -20,7 +20,7 @@ import click
 
 from sasflow.app import DEFAULT_STORE
 from sasflow.cli import output
-from sasflow.cli.options import option, store_option, transport_option
+from sasflow.cli.options import logging_disabled, option, store_option, transport_option
 from sasflow.errors import InputError
 from sasflow.model import isoformat
 from sasflow.store import open_store
@@ -73,8 +73,8 @@ def _with_box(ctx: click.Context, store: str | None, transport: str | None,
             await opened_store.close()
 
     # a client library's own reconnect warnings: the answer, or the error, is one line
-    logging.disable(logging.WARNING)
-    return asyncio.run(run())
+    with logging_disabled(logging.WARNING):
+        return asyncio.run(run())
 
 
 @click.group("dead-letters")

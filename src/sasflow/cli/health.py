@@ -20,7 +20,13 @@ import logging
 import click
 
 from sasflow.app import DEFAULT_STORE
-from sasflow.cli.options import instance_name, option, store_option, transport_option
+from sasflow.cli.options import (
+    instance_name,
+    logging_disabled,
+    option,
+    store_option,
+    transport_option,
+)
 from sasflow.cli.postgres_cause import postgres_cause
 from sasflow.errors import StoreError
 from sasflow.redact import redact
@@ -61,9 +67,10 @@ def healthcheck(store: str | None, transport: str | None, instance_id: str | Non
             await opened_transport.close()
         return problem
 
-    logging.disable(logging.CRITICAL)  # client libraries' own warnings: the answer is one line
     try:
-        problem = asyncio.run(check())
+        # client libraries' own warnings: the answer is one line
+        with logging_disabled(logging.CRITICAL):
+            problem = asyncio.run(check())
     except TimeoutError:
         raise click.ClickException(f"no answer within {timeout:g}s") from None
     if problem is not None:

@@ -7,8 +7,10 @@ shows its variable in ``--help``.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -106,3 +108,15 @@ class Connection:
 
     def merged(self, app_ref: AppRef | None, store: str | None) -> Connection:
         return Connection(app_ref=app_ref or self.app_ref, store=store or self.store)
+
+
+@contextlib.contextmanager
+def logging_disabled(level: int) -> Iterator[None]:
+    """Log records up to `level` dropped while a one-line command runs, then logging as
+    it was: a process that runs the command in-process keeps its own logging."""
+    before = logging.root.manager.disable
+    logging.disable(level)
+    try:
+        yield
+    finally:
+        logging.disable(before)
