@@ -16,6 +16,7 @@ import pytest
 
 from sasflow import App, Step, StoreError
 from sasflow.agent import AgentRequest
+from support.services import require_root
 
 # the README's "join your own transaction" example, run as it is shown, in a process
 # that has not used the store before
@@ -123,11 +124,7 @@ def test_a_rolled_back_caller_transaction_takes_the_task_and_the_schema_with_it(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs mounted for this test (root only: skip elsewhere, fail in CI)."""
-    if os.geteuid() != 0:
-        message = "mounting a tmpfs needs root"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_root("mounting a tmpfs")
     mount = tmp_path / "disk"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],

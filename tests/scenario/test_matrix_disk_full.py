@@ -24,6 +24,7 @@ from matrix import LONG, RECOVERY, open_run, wait_started
 from servers import PrivatePostgres
 
 from sasflow.examples.orders.remote import RemoteService
+from support.services import require_root
 
 pytestmark = pytest.mark.chaos
 
@@ -34,8 +35,7 @@ DISK_FULL = ("database or disk is full", "No space left on device", "disk full")
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """A tmpfs of `size` mounted on `path` (needs root), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+    require_root("mounting a tmpfs")
     path.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
                    check=True, capture_output=True)

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-__all__ = ["POSTGRES", "RABBITMQ", "REDIS", "require"]
+__all__ = ["POSTGRES", "RABBITMQ", "REDIS", "require", "require_root"]
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 REDIS = "redis://127.0.0.1:6379/15"
@@ -36,4 +36,14 @@ def require(server: str) -> None:
         message = f"{server} is not reachable on 127.0.0.1:{port}"
         if os.environ.get("CI") == "true":
             pytest.fail(message + " (CI needs it: .ci/run starts it)")
+        pytest.skip(message)
+
+
+def require_root(what: str) -> None:
+    """Skip the calling test (fail it in CI, which runs as root) unless this process is
+    root, for what only root may do (mounting a tmpfs, say)."""
+    if os.geteuid() != 0:
+        message = f"{what} needs root"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " (CI runs as root)")
         pytest.skip(message)
