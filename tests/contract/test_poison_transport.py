@@ -1,5 +1,5 @@
 """One poison message on a scheduler's reply queue or an agent's request queue, on every
-transport, under a running App (SPEC R3, U7; issue 8, item 1.3).
+transport, under a running App (SPEC R3, U7).
 
 Before: a non-JSON reply was redelivered about 1,600 times a second on RabbitMQ
 (with a traceback each time) and re-added about 2,000 times a second on Redis,

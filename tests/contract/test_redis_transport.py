@@ -392,7 +392,7 @@ def wait_for(predicate: Callable[[], bool], what: str, seconds: float = 60.0) ->
 
 def test_a_redis_restart_under_a_running_worker_logs_a_few_lines_and_work_flows_after(
         private_redis: PrivateRedis, tmp_path: Path) -> None:
-    """Issue 8, item 1.8: Redis stopped for seconds under a worker that publishes and
+    """R2: Redis stopped for seconds under a worker that publishes and
     consumes, then started again. Before, the log grew by ~1,500 tracebacks (a task
     driver's per failed publish) and tasks in flight failed. Now each consumer logs one
     line when the connection is lost and one when it is back, no traceback; every task,

@@ -51,7 +51,7 @@ def test_postgres_crash_mid_run_with_the_in_process_transport(run: Run,
     and every order ends once, nothing lost, no effect twice."""
     workers = start(run)
     # mid-run: every process is connected (a process still starting when the server goes
-    # down is the start-up row, item 1.2 of issue 8)
+    # down is the start-up row of docs/reliability.md)
     for worker in workers:
         run.cluster.wait_for(f"{worker.name} connected to the store",
                              lambda w=worker: w.connected_to(postgres.server.port), timeout=60)
