@@ -260,24 +260,30 @@ def check_alerts(cluster: Cluster, expected: Iterable[str]) -> list[str]:
 
 
 def stale_writes(cluster: Cluster, actor: str, since: float) -> list[str]:
-    """What `actor` wrote after `since` on a task it did not claim again after `since`.
+    """What `actor` wrote, on a task it touched after `since`, once another actor had
+    changed that task and before `actor` claimed it again.
 
     A paused or partitioned scheduler that comes back must change nothing it held
-    before (M1 fencing): each of its later history rows must belong to a claim it
-    made later, at that claim's epoch.
+    before (M1 fencing): once a supervisor released its task (or anyone else wrote
+    it), each later row of `actor` must follow a claim of its own. Rows it wrote
+    while it still held the task (a reply that arrived before a broker partition,
+    written just after it began) are its own to write.
     """
-    rows = cluster.db.must("SELECT id, task_id, step, epoch, from_state, to_state, why"
-                           " FROM history WHERE actor = %s AND at > %s ORDER BY id",
-                           (actor, since))
-    claimed: set[tuple[str, int]] = set()
+    rows = cluster.db.must(
+        "SELECT task_id, step, epoch, actor, from_state, to_state, why FROM history"
+        " WHERE task_id IN (SELECT DISTINCT task_id FROM history WHERE actor = %s"
+        " AND at > %s) ORDER BY id", (actor, since))
+    taken: set[str] = set()  # tasks another actor wrote since `actor` last claimed them
     stale = []
-    for _id, task, step, epoch, from_state, to_state, why in rows:
-        if step is None and to_state in ("processing", "compensating") and (
+    for task, step, epoch, who, from_state, to_state, why in rows:
+        if who != actor:
+            taken.add(task)
+        elif step is None and to_state in ("processing", "compensating") and (
                 from_state in ("pending", "compensating")) and "claimed" in (why or ""):
-            claimed.add((task, epoch))
-        elif (task, epoch) not in claimed:
-            stale.append(f"{actor} wrote {task}/{step} at epoch {epoch} after the fault:"
-                         f" {from_state} -> {to_state} ({why})")
+            taken.discard(task)
+        elif task in taken:
+            stale.append(f"{actor} wrote {task}/{step} at epoch {epoch} after another"
+                         f" actor had changed it: {from_state} -> {to_state} ({why})")
     return stale
 
 
