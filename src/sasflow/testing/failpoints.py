@@ -26,6 +26,7 @@ under one; outside a gate, Crash waits forever and Pause sleeps.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 from collections.abc import Collection, Iterator
@@ -49,7 +50,7 @@ POINTS = (
 ARMED = False  # read by the actors on every pass: True only while some point is armed
 
 
-class Action:
+class Action(abc.ABC):
     """What happens at an armed point (subclasses below)."""
 
     def __init__(self, *, times: int | None = 1, only: Collection[str] | None = None) -> None:
@@ -62,8 +63,9 @@ class Action:
             return False
         return self.only is None or instance_id in self.only
 
+    @abc.abstractmethod
     async def fire(self, point: str, gate: Gate | None) -> None:
-        raise NotImplementedError
+        """Do what this action does at `point`, for the instance behind `gate`."""
 
 
 class Raise(Action):
