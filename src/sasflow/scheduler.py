@@ -20,13 +20,13 @@ from collections.abc import Callable, Mapping
 from sasflow.errors import PayloadError, StoreError
 from sasflow.messages import Reply, Request, decode_reply, encode_within
 from sasflow.model import Phase, Task, TaskState
+from sasflow.outage import Repeats
 from sasflow.plan import Plan
 from sasflow.store.base import Store
 from sasflow.testing import failpoints
 from sasflow.transition import Transition
 from sasflow.transport.base import Transport, agent_queue, reply_queue
 from sasflow.transport.dead_letter import decoded
-from sasflow.transport.outage import Repeats
 
 __all__ = ["Scheduler"]
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from sasflow.agent import AgentRuntime
 from sasflow.errors import ConfigurationError
-from sasflow.outage import OutageLog
+from sasflow.outage import Outage
 from sasflow.scheduler import Scheduler
 from sasflow.sd_notify import notify
 from sasflow.store.base import Alert, Instance
@@ -98,9 +98,9 @@ class Worker:
             roles=[r for r in ROLES if r in self.roles],
             agents=served if self.agents is not None else [],
             workflows={name: w.version for name, w in app.workflows.items()}, lease=lease)
-        self._beats = OutageLog(log, f"worker {instance_id}'s heartbeat store")
-        self._broker = OutageLog(log, f"worker {instance_id}'s transport")
-        self._relaying = OutageLog(log, f"worker {instance_id}'s status relay")
+        self._beats = Outage(log, f"worker {instance_id}'s heartbeat store")
+        self._broker = Outage(log, f"worker {instance_id}'s transport")
+        self._relaying = Outage(log, f"worker {instance_id}'s status relay")
 
     async def run(self) -> None:
         """Run the roles until cancelled, beating while they run."""
@@ -134,7 +134,7 @@ class Worker:
             except Exception as error:  # no beat: the probe and the supervisors will see it
                 self._beats.failed(error)
             else:
-                self._beats.succeeded()
+                self._beats.recovered()
                 notify("WATCHDOG=1")
 
     async def _relay(self) -> None:
@@ -152,13 +152,13 @@ class Worker:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _REACH_RETRY_MAX_S)
                 continue
-            self._relaying.succeeded()
+            self._relaying.recovered()
             backoff = 0.05
             if len(messages) < 256:
                 await asyncio.sleep(0.05)
 
 
-async def _until_done(attempt: Callable[[], Awaitable[None]], outage: OutageLog) -> None:
+async def _until_done(attempt: Callable[[], Awaitable[None]], outage: Outage) -> None:
     """Run `attempt` until it succeeds, with capped backoff, for as long as it takes (R2).
 
     A configuration error is raised at once: waiting would not mend it.
@@ -174,5 +174,5 @@ async def _until_done(attempt: Callable[[], Awaitable[None]], outage: OutageLog)
             await asyncio.sleep(delay)
             delay = min(delay * 2, _REACH_RETRY_MAX_S)
         else:
-            outage.succeeded()
+            outage.recovered()
             return

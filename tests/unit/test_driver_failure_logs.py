@@ -10,9 +10,9 @@ import pytest
 from sasflow import App, Step
 from sasflow.agent import AgentRequest
 from sasflow.errors import TransportError
+from sasflow.outage import Repeats
 from sasflow.scheduler import Scheduler
 from sasflow.transport.memory import MemoryTransport
-from sasflow.transport.outage import Repeats
 
 TASKS = 40
 

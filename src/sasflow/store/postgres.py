@@ -62,7 +62,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from sasflow.errors import ConfigurationError, StoreError
 from sasflow.model import Task, TaskState
-from sasflow.outage import OutageLog
+from sasflow.outage import Outage
 from sasflow.plan import Plan
 from sasflow.redact import redact, scrub
 from sasflow.store import dead_letters
@@ -122,7 +122,7 @@ _BAD_SETTING = re.compile(r"^connection is bad: invalid ")
 
 class _QuietPools(logging.Filter):
     """Drops psycopg_pool's line per failed connection attempt for this module's pools:
-    the store reports the outage itself, rate-limited (OutageLog)."""
+    the store reports the outage itself, rate-limited (Outage)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
@@ -174,7 +174,7 @@ class PostgresStore:
         self.migrations_applied: list[str] = []  # by this process, for `sasflow db upgrade`
         self._sync: psycopg.Connection[Any] | None = None  # for submit_blocking
         self._sync_lock = threading.Lock()
-        self.outage = OutageLog(log, "the PostgreSQL store")
+        self.outage = Outage(log, "the PostgreSQL store")
 
     @classmethod
     def from_url(cls, url: str, *, clock: Callable[[], float] | None = None,
@@ -265,7 +265,7 @@ class PostgresStore:
                 except ConfigurationError:
                     await self._discard(pool)
                     raise
-            self.outage.succeeded()
+            self.outage.recovered()
             self._opened = True
         return pool
 
@@ -297,7 +297,7 @@ class PostgresStore:
         while True:
             try:
                 async with pool.connection(timeout=backoff.patience()) as conn:
-                    self.outage.succeeded()
+                    self.outage.recovered()
                     if self._clock_is_stale():
                         await self._refresh_clock(conn)
                     if not transaction:
@@ -572,7 +572,7 @@ class PostgresStore:
                         self.conninfo, autocommit=True) as conn:
                     await conn.execute(q.LISTEN_WORK)
                     backoff = _Backoff(float("inf"), self.outage)
-                    self.outage.succeeded()
+                    self.outage.recovered()
                     wake(self.now())
                     async for notice in conn.notifies():
                         try:
@@ -711,7 +711,7 @@ class _Backoff:
     """Waits growing from 50 ms to 1 s, for at most `budget` seconds in all; each
     failed attempt is told to `outage`, which decides whether to log it."""
 
-    def __init__(self, budget: float, outage: OutageLog) -> None:
+    def __init__(self, budget: float, outage: Outage) -> None:
         self._outage = outage
         self._deadline = time.monotonic() + budget
         self._delay = 0.05

@@ -71,6 +71,7 @@ from aio_pika.abc import (
 from pamqp.common import FieldTable
 
 from sasflow.errors import ConfigurationError, TransportError
+from sasflow.outage import Outage
 from sasflow.redact import redact, redact_text
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE, Bundler, decode_bundle
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, carries_bundles
@@ -82,7 +83,6 @@ from sasflow.transport.dead_letter import (
     log_dead_letter,
     split_policy,
 )
-from sasflow.transport.outage import Outage
 
 __all__ = ["AmqpTransport"]
 

@@ -68,6 +68,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sasflow.errors import ConfigurationError, TransportError
+from sasflow.outage import Outage
 from sasflow.redact import redact
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
 from sasflow.transport.dead_letter import (
@@ -77,7 +78,6 @@ from sasflow.transport.dead_letter import (
     log_dead_letter,
     policy_from_query,
 )
-from sasflow.transport.outage import Outage
 from sasflow.transport.redis_batch import AutoPipeline
 
 __all__ = ["RedisTransport"]
@@ -219,6 +219,8 @@ class RedisTransport:
         self._instance = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self._calls = itertools.count(1)
         self._consumed: dict[str, int] = {}
+        # one for every consumer: a restart is a few lines, not a few per queue
+        self._outage = Outage(log, f"Redis at {redact(redis_url)}")
 
     def _key(self, queue: str) -> str:
         return self.prefix + queue
@@ -308,7 +310,6 @@ class RedisTransport:
         self._consumed[queue] = self._consumed.get(queue, 0) + 1
         interval = max(0.05, self.visibility_timeout / 3)
         next_sweep, failures, recover = 0.0, 0, False
-        outage = Outage(log, f"consuming {queue} from redis")
         beat = asyncio.ensure_future(self._heartbeat(key, consumer, running, interval))
         try:
             while True:
@@ -346,13 +347,13 @@ class RedisTransport:
                                           block=max(1, int(1000 * min(
                                               self.block_seconds, next_sweep - loop.time()))))))
                     failures = 0
-                    outage.recovered()
+                    self._outage.recovered(by=consumer)
                     await start(entries, first=True)
                 except _LOST as exc:
                     _raise_if_cancelled()  # being stopped: not a reason to reconnect
                     failures += 1
                     recover = True
-                    outage.failed(exc)
+                    self._outage.failed(exc, by=consumer)
                     await asyncio.sleep(_backoff(failures))
                 except ResponseError as exc:
                     if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
@@ -362,6 +363,7 @@ class RedisTransport:
                     await asyncio.sleep(_backoff(failures))
         finally:
             self._consumed[queue] -= 1
+            self._outage.left(consumer)
             for task in [beat, *running.values()]:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
