@@ -107,10 +107,13 @@ class Worker:
         try:
             await _until_done(lambda: self.app.store.beat(self.instance, first=True),
                               self._beats)
-            await _until_done(self.app.transport.ping, self._broker)
-            notify("READY=1")
             async with asyncio.TaskGroup() as group:
+                # beating from the first beat on: a worker waiting for its broker is
+                # alive, and what it claims once the broker is back must not look
+                # orphaned to a supervisor (its own included)
                 group.create_task(self._beat())
+                await _until_done(self.app.transport.ping, self._broker)
+                notify("READY=1")
                 if self.agents is not None:
                     group.create_task(self.agents.run())
                 if self.scheduler is not None:

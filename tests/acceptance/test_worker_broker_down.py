@@ -14,6 +14,7 @@ import contextlib
 import select
 import signal
 import socket
+import sqlite3
 import subprocess
 import threading
 import time
@@ -90,8 +91,13 @@ def test_a_worker_started_while_its_broker_is_down_waits_then_serves(
     submitted = [app_cli("submit", "echoapp:app", "echo", "--task-id", f"t{i}",
                          "--input", str(i)) for i in range(3)]
     assert all(s.status == 0 for s in submitted), [s.err for s in submitted]
-    worker = app_cli.worker("echoapp:app", "--transport", url)
+    # a heartbeat lease far shorter than the outage: the worker keeps beating while it
+    # waits, so once the broker is back nothing it claims looks orphaned
+    worker = app_cli.worker("echoapp:app", "--transport", url, "--instance-id", "waits",
+                            "--heartbeat", "0.1", "--heartbeat-lease", "0.5")
     worker.wait_for_log("transport is unreachable")  # it knows the broker is down, and waits
+    _wait("beats renewed past three leases while the broker is down",
+          lambda: _beating_for(app_cli, "waits") > 1.5, worker.process, worker.log)
     assert worker.process.poll() is None
 
     health = app_cli("healthcheck", "--transport", url, "--timeout", "2")
@@ -102,6 +108,7 @@ def test_a_worker_started_while_its_broker_is_down_waits_then_serves(
     for i in range(3):
         task = app_cli.wait_for(f"t{i}", "processed", worker)
         assert task["steps"][0]["result"] == {"echoed": i}
+        assert (task["failure_count"], task["epoch"]) == (0, 1), task  # never released
     assert app_cli("healthcheck", "--transport", url).status == 0
     worker.wait_for_log("transport is reachable again")
     assert worker.stop() == 0
@@ -207,6 +214,14 @@ def test_a_worker_whose_broker_is_lost_stops_on_sigterm_and_hands_its_tasks_back
     finally:
         proxy.close()
         _delete(AGENT_QUEUE)
+
+
+def _beating_for(cli: Cli, instance_id: str) -> float:
+    """How long the instance's beats span so far (its last beat since its first)."""
+    with contextlib.closing(sqlite3.connect(cli.db)) as conn:
+        row = conn.execute("SELECT beat_at - started_at FROM instances WHERE instance_id = ?",
+                           (instance_id,)).fetchone()
+    return float(row[0]) if row is not None else 0.0
 
 
 def _locked_by(cli: Cli, task_id: str, worker: subprocess.Popen[bytes], log: Path) -> str:
