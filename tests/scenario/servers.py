@@ -36,7 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-STARTUP_TIMEOUT = 60.0
+# A hang guard: a server starting on a loaded 2-core machine beside a whole test run
+# (RabbitMQ's Erlang VM above all) can take a minute, never this long
+STARTUP_TIMEOUT = 180.0
 
 
 def free_port() -> int:
@@ -279,7 +281,7 @@ class PrivateRabbit:
         while True:
             # await_startup fails at once while the node has not registered with epmd yet
             try:
-                self.ctl("await_startup", "--timeout", "30", timeout=40)
+                self.ctl("await_startup", "--timeout", "60", timeout=75)
                 break
             except (RuntimeError, subprocess.TimeoutExpired) as error:
                 if self.process.poll() is not None or time.monotonic() > deadline:

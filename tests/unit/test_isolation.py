@@ -38,6 +38,9 @@ def note(path: Path, text: str) -> None:
     partial.replace(path)
 
 
+SHIP_TIMEOUT = 10.0
+
+
 def ship(req: AgentRequest) -> dict[str, Any]:
     """Ships once per call: hangs on the first call ever (its pid noted), else ships."""
     folder = Path(req.input["folder"])
@@ -249,7 +252,9 @@ async def test_a_hung_ship_in_a_process_is_killed_and_the_retry_ships_once(
     process was gone."""
     app = App(store=f"sqlite:///{tmp_path / 'ship.db'}")
     app.agent("shipping", isolation="process", attempts=1)(ship)
-    app.workflow("deliver", steps=[Step("ship", agent="shipping", timeout=2.0)],
+    # the first call hangs for ever, so the test lasts one complete-by at least; the
+    # retry gets as long to start its process and ship, which a loaded machine needs
+    app.workflow("deliver", steps=[Step("ship", agent="shipping", timeout=SHIP_TIMEOUT)],
                  max_failures=5, retry_backoff=0.0)
     worker = asyncio.create_task(app.arun(supervisor_interval=0.1))
     try:
@@ -286,7 +291,7 @@ async def test_a_hung_ship_in_a_thread_still_ships_after_its_deadline(tmp_path: 
         with (tmp_path / "shipped").open("a") as effect:
             effect.write(f"{'late' if first else 'retry'}\n")
 
-    app.workflow("deliver", steps=[Step("ship", agent="shipping", timeout=2.0)],
+    app.workflow("deliver", steps=[Step("ship", agent="shipping", timeout=SHIP_TIMEOUT)],
                  max_failures=5, retry_backoff=0.0)
     worker = asyncio.create_task(app.arun(supervisor_interval=0.1))
     try:
