@@ -105,6 +105,7 @@ class App:
         self._workers: list[tuple[asyncio.AbstractEventLoop, Worker]] = []
         self._alert_callbacks: list[Callable[[Alert], None]] = []
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._hearing: Callable[[], None] | None = None  # unsubscribes from the store
         self._lock = threading.Lock()
         self._background: asyncio.Task[None] | None = None
 
@@ -260,6 +261,8 @@ class App:
         event = asyncio.Event()
         with self._lock:
             self._waiters.setdefault(task_id, []).append((loop, event))
+            if self._hearing is None:  # the first wait: hear of tasks ended elsewhere
+                self._hearing = self.store.on_finished(self._finished)
         try:
             async with asyncio.timeout(timeout):
                 poll = 0.005
@@ -496,7 +499,7 @@ class App:
 
     def close(self) -> None:
         if self._store is not None:
-            store, self._store = self._store, None
+            store, self._store, self._hearing = self._store, None, None
             self._portal.run(store.close())
         self._portal.close()
 
@@ -522,10 +525,14 @@ class App:
             self._wake_schedulers()
         if transition.state in (TaskState.PROCESSED, TaskState.ERROR, TaskState.COMPENSATED,
                                 TaskState.CANCELLED):
-            with self._lock:
-                waiters = list(self._waiters.get(transition.task_id, ()))
-            for loop, event in waiters:
-                loop.call_soon_threadsafe(event.set)
+            self._finished(transition.task_id)
+
+    def _finished(self, task_id: str) -> None:
+        """A task ended, here or (heard through the store) in another process."""
+        with self._lock:
+            waiters = list(self._waiters.get(task_id, ()))
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
 
     def _wake_schedulers(self) -> None:
         with self._lock:

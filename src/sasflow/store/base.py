@@ -180,6 +180,16 @@ class Store(Protocol):
         """
         ...
 
+    def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
+        """Call `finished(task_id)`, from any thread, when another process ends a task
+        of this store; returns the unsubscribe.
+
+        A client waiting for a task then wakes at once instead of polling. A store
+        with no way to hear of other processes never calls it (in-process endings
+        reach the App directly).
+        """
+        ...
+
     async def beat(self, instance: Instance, *, first: bool = False) -> None:
         """Record that `instance` is alive now: its row, written or renewed, with
         `beat_at` (and, on its first beat, `started_at`) on the store's clock.

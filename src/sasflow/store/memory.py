@@ -17,6 +17,7 @@ holds a reference into the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -30,6 +31,7 @@ import msgspec
 
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
 from sasflow.model import (
+    TERMINAL_TASK_STATES,
     CompensationRecord,
     Phase,
     StepRecord,
@@ -116,6 +118,7 @@ class _Data:
         self.ids = itertools.count(1)
         # watchers: (callback, its loop, its thread), told when work becomes claimable
         self.watchers: list[tuple[Callable[[float], None], asyncio.AbstractEventLoop, int]] = []
+        self.finished: list[Callable[[str], None]] = []  # told when a task ends
 
 
 _named: weakref.WeakValueDictionary[str, _Data] = weakref.WeakValueDictionary()
@@ -218,6 +221,11 @@ class MemoryStore:
             applied = self._apply(transition, now)
         if applied and transition.locked_by is None and transition.state.value in _CLAIMABLE:
             self._tell_watchers(transition.available_at or now)
+        if applied and transition.state in TERMINAL_TASK_STATES:
+            with self._data.lock:
+                listeners = list(self._data.finished)
+            for finished in listeners:
+                finished(transition.task_id)
         return applied
 
     def _apply(self, t: Transition, now: float) -> bool:
@@ -374,6 +382,17 @@ class MemoryStore:
         finally:
             with self._data.lock:
                 self._data.watchers.remove(entry)
+
+    def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
+        """Call `finished(task_id)` when any user of this store's data ends a task."""
+        with self._data.lock:
+            self._data.finished.append(finished)
+
+        def unsubscribe() -> None:
+            with self._data.lock, contextlib.suppress(ValueError):
+                self._data.finished.remove(finished)
+
+        return unsubscribe
 
     def _tell_watchers(self, at: float) -> None:
         with self._data.lock:

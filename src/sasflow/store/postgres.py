@@ -558,6 +558,10 @@ class PostgresStore:
         row = await self._at_home(lambda: self._run(job))
         return int(row[1]) if row is not None and row[0] == holder else None
 
+    def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
+        """Not heard across processes yet: a client waiting here polls."""
+        return lambda: None
+
     async def watch(self, wake: Callable[[float], None]) -> None:
         """Call `wake(at)` whenever work becomes claimable at `at`, until cancelled.
 

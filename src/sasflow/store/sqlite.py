@@ -32,6 +32,7 @@ import msgspec
 
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
 from sasflow.model import (
+    TERMINAL_TASK_STATES,
     Phase,
     StepState,
     Task,
@@ -57,6 +58,7 @@ from sasflow.store.rows import (
     task_from_row,
     versions_of,
 )
+from sasflow.store.sqlite_wake import WakeChannel
 from sasflow.store.writer import Writer
 from sasflow.transition import Transition
 from sasflow.transport.dead_letter import DeadLetter
@@ -64,6 +66,8 @@ from sasflow.transport.dead_letter import DeadLetter
 __all__ = ["SQLiteStore"]
 
 _T = TypeVar("_T")
+# How often an idle scheduler looks for work no wake-up told of (E1 submissions)
+_LOOK_EVERY = 0.25
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL", "off": "OFF", "extra": "EXTRA"}
 _decode = msgspec.json.decode
 
@@ -93,6 +97,7 @@ class SQLiteStore:
                               translate=self._store_error, before_commit=self._deferred.flush,
                               after_rollback=self._deferred.clear)
         self._checkpointer = _Checkpointer(self._connect)
+        self._wake = WakeChannel(self.path)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Callable[[], float] | None = None,
@@ -158,10 +163,16 @@ class SQLiteStore:
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
         if connection is not None:
             return self.submit_in(connection, task)
-        return await self._writer.run(lambda conn: self._insert(conn, task))
+        created = await self._writer.run(lambda conn: self._insert(conn, task))
+        if created:
+            self._wake.work(self.now())
+        return created
 
     def submit_blocking(self, task: NewTask) -> bool:
-        return self._writer.run_sync(lambda conn: self._insert(conn, task))
+        created = self._writer.run_sync(lambda conn: self._insert(conn, task))
+        if created:
+            self._wake.work(self.now())
+        return created
 
     def submit_in(self, connection: sqlite3.Connection, task: NewTask) -> bool:
         """Write the task with the caller's connection, in the caller's transaction (E1)."""
@@ -241,8 +252,19 @@ class SQLiteStore:
         return await self._writer.run(job)
 
     async def apply(self, transition: Transition) -> bool:
-        return await self._writer.run(
+        applied = await self._writer.run(
             lambda conn: _apply(conn, transition, self.now(), self._deferred))
+        if applied:
+            self._tell(transition)
+        return applied
+
+    def _tell(self, transition: Transition) -> None:
+        """Wake the other processes sharing the file that wait for what it did."""
+        if transition.state in TERMINAL_TASK_STATES:
+            self._wake.finished(transition.task_id)
+        elif transition.locked_by is None and transition.state in (
+                TaskState.PENDING, TaskState.COMPENSATING):
+            self._wake.work(transition.available_at or self.now())
 
     # ------------------------------------------------------------ supervisor
     async def expired(self, limit: int, workflows: Collection[str] | None = None
@@ -309,8 +331,26 @@ class SQLiteStore:
 
     # ------------------------------------------------------------ reading
     async def watch(self, wake: Callable[[float], None]) -> None:
-        """SQLite has no channel between processes: schedulers poll (and the app
-        wakes its own in-process schedulers on submit and release)."""
+        """Call `wake(at)` when another process sharing the file submits or releases
+        work (sqlite_wake.py), and every `_LOOK_EVERY` seconds: a submission made in
+        a caller's own transaction (E1) commits where the store cannot see it."""
+        loop = asyncio.get_running_loop()
+
+        def heard(at: float) -> None:
+            loop.call_soon_threadsafe(wake, at)
+
+        stop = self._wake.on_work(heard)
+        try:
+            while True:
+                await asyncio.sleep(_LOOK_EVERY)
+                wake(self.now())
+        finally:
+            stop()
+
+    def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
+        """Call `finished(task_id)`, from another thread, when another process sharing
+        the file ends a task; returns the unsubscribe."""
+        return self._wake.on_finished(finished)
 
     async def get(self, task_id: str) -> Task | None:
         # a primary-key read of a WAL file never waits for writers: cheaper inline
@@ -406,6 +446,7 @@ class SQLiteStore:
         await asyncio.to_thread(self.close_sync)
 
     def close_sync(self) -> None:
+        self._wake.close()
         self._writer.close()
         self._checkpointer.close()
 
