@@ -30,12 +30,14 @@ import msgspec
 
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
 from sasflow.model import (
+    UNFINISHED_TASK_STATES,
     CompensationRecord,
     Phase,
     StepRecord,
     StepState,
     Task,
     TaskState,
+    claimable,
 )
 from sasflow.plan import Plan
 from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
@@ -47,8 +49,7 @@ __all__ = ["MemoryStore"]
 
 _decode = msgspec.json.decode
 _OUTBOX_LEASE_S = 30.0  # as the SQL stores: a relay that dies gives its messages back then
-_CLAIMABLE = (TaskState.PENDING.value, TaskState.COMPENSATING.value)
-_UNFINISHED = (*_CLAIMABLE, TaskState.PROCESSING.value)
+_UNFINISHED = tuple(state.value for state in UNFINISHED_TASK_STATES)
 
 
 @dataclass(slots=True)
@@ -202,7 +203,7 @@ class MemoryStore:
             now = self.now()
             runnable = sorted(
                 (row for row in self._data.tasks.values()
-                 if row.locked_by is None and row.state in _CLAIMABLE
+                 if claimable(TaskState(row.state), row.locked_by)
                  and row.available_at <= now and versions.get(row.workflow) == row.version),
                 key=lambda row: row.available_at)[:limit]
             for row in runnable:
@@ -216,7 +217,7 @@ class MemoryStore:
         with self._data.lock:
             now = self.now()
             applied = self._apply(transition, now)
-        if applied and transition.locked_by is None and transition.state.value in _CLAIMABLE:
+        if applied and claimable(transition.state, transition.locked_by):
             self._tell_watchers(transition.available_at or now)
         return applied
 

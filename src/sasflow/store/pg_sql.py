@@ -11,7 +11,7 @@ Column order of a task row is sql.TASK_COLUMNS everywhere.
 from __future__ import annotations
 
 from sasflow.store import sql
-from sasflow.store.sql import ALERT_COLUMNS, TASK_COLUMNS
+from sasflow.store.sql import ALERT_COLUMNS, CLAIMABLE_SQL, TASK_COLUMNS
 
 # Statements with no parameters or dialect of their own: the same text (R4 census,
 # the versions of tasks written before versions existed).
@@ -162,7 +162,7 @@ ORDER BY complete_by LIMIT %(limit)s
 SELECT_CLAIMABLE = f"""
 SELECT {TASK_COLUMNS} FROM tasks
 WHERE workflow = %s AND version = %s AND available_at <= %s
-  AND locked_by IS NULL AND state IN ('pending', 'compensating')
+  AND {CLAIMABLE_SQL}
 ORDER BY available_at LIMIT %s
 FOR UPDATE SKIP LOCKED
 """

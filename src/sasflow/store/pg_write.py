@@ -29,7 +29,7 @@ import msgspec
 import psycopg
 
 from sasflow.errors import TaskConflictError
-from sasflow.model import Phase, StepState, TaskState
+from sasflow.model import Phase, StepState, TaskState, claimable
 from sasflow.store import pg_sql as q
 from sasflow.store.base import NewTask
 from sasflow.store.rows import fence_values, implied_rows, set_values, status_row
@@ -43,7 +43,6 @@ Outcome = bool | Exception  # applied / created, or why a submission was refused
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
-_CLAIMABLE = (TaskState.PENDING, TaskState.COMPENSATING)
 
 
 class _Implied:
@@ -127,7 +126,7 @@ def needs_transaction(batch: Sequence[Write]) -> bool:
 
 def _wake(t: Transition, now: float) -> float | None:
     """When the task becomes claimable, if the transition releases it."""
-    if t.locked_by is None and t.state in _CLAIMABLE:
+    if claimable(t.state, t.locked_by):
         return t.available_at if t.available_at is not None else now
     return None
 

@@ -7,6 +7,21 @@ error, created_at, updated_at, version.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from sasflow.model import CLAIMABLE_TASK_STATES, UNFINISHED_TASK_STATES, TaskState
+
+
+def _states(states: Iterable[TaskState]) -> str:
+    return ", ".join(f"'{state.value}'" for state in states)
+
+
+# model.claimable in SQL, word for word the WHERE of the partial index tasks_claimable
+# (the migrations; tests/unit/test_model.py checks that they and model.py agree).
+CLAIMABLE_SQL = f"locked_by IS NULL AND state IN ({_states(CLAIMABLE_TASK_STATES)})"
+# model.UNFINISHED_TASK_STATES in SQL: the tasks some worker still has to run
+UNFINISHED_SQL = f"state IN ({_states(UNFINISHED_TASK_STATES)})"
+
 TASK_COLUMNS = (
     "task_id, workflow, input, state, phase, cursor, locked_by, complete_by, available_at, "
     "failure_count, epoch, reply_to, error, created_at, updated_at, version"
@@ -119,16 +134,16 @@ SELECT_ALERTS = f"SELECT {ALERT_COLUMNS} FROM alerts WHERE id > ? ORDER BY id LI
 # the agent of the unit each is at. Cost grows with the unfinished tasks, not the
 # store; the supervisor takes this census seldom (Supervisor.census_interval): with
 # 20,000 tasks queued it took 70 ms on SQLite and 120 ms on PostgreSQL here.
-CENSUS_VERSIONS = """
+CENSUS_VERSIONS = f"""
 SELECT workflow, version, COUNT(*) FROM tasks
-WHERE state IN ('pending', 'processing', 'compensating')
+WHERE {UNFINISHED_SQL}
 GROUP BY workflow, version
 """
 
-CENSUS_AGENTS = """
+CENSUS_AGENTS = f"""
 SELECT t.workflow, t.version, s.agent, COUNT(*) FROM tasks t
 JOIN steps s ON s.task_id = t.task_id AND s.phase = 'do' AND s.idx = t.cursor
-WHERE t.state IN ('pending', 'processing', 'compensating')
+WHERE t.{UNFINISHED_SQL}
 GROUP BY t.workflow, t.version, s.agent
 """
 
@@ -211,10 +226,10 @@ def _marks(n: int) -> str:
 
 # Is anything of this workflow version claimable? One index probe of tasks_claimable
 # per version a scheduler declares (OR-ed together, SQLite would walk tasks_state).
-PROBE_CLAIMABLE = """
+PROBE_CLAIMABLE = f"""
 SELECT 1 FROM tasks
 WHERE workflow = ? AND version = ? AND available_at <= ?
-  AND locked_by IS NULL AND state IN ('pending', 'compensating')
+  AND {CLAIMABLE_SQL}
 LIMIT 1
 """
 
@@ -226,7 +241,7 @@ LIMIT 1
 SELECT_CLAIMABLE = f"""
 SELECT {TASK_COLUMNS} FROM tasks
 WHERE workflow = ? AND version = ? AND available_at <= ?
-  AND locked_by IS NULL AND state IN ('pending', 'compensating')
+  AND {CLAIMABLE_SQL}
 ORDER BY available_at LIMIT ?
 """
 
