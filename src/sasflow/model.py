@@ -174,6 +174,7 @@ class CompensationRecord(msgspec.Struct, kw_only=True):
     failure_count: int = 0
     complete_by: float | None = None
     idempotency_key: str = ""
+    result: Any = None  # what the compensator returned (stored; not shown)
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -230,6 +231,7 @@ class Task(msgspec.Struct, kw_only=True):
     cursor: int = 0  # the step being run, or undone
     locked_by: str | None = None
     complete_by: float | None = None
+    available_at: float = 0.0  # a scheduler may claim it from then on (backoff, park)
     failure_count: int = 0
     epoch: int = 0
     reply_to: str | None = None

@@ -49,41 +49,30 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 # The fence: the task must still have the epoch, state, owner and unit (phase and
 # cursor) it was read with, and (supervisor) a complete-by that has passed and the
 # lease still held with the epoch it swept under. Zero rows changed = not applied.
+# The new values are the transition's own (rows.set_values).
 APPLY_TRANSITION = """
 UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = ?,
-                 available_at = COALESCE(?, available_at), failure_count = ?, error = ?,
-                 epoch = epoch + ?, updated_at = ?, version = COALESCE(?, version)
+                 available_at = ?, failure_count = ?, error = ?,
+                 epoch = ?, updated_at = ?, version = ?
 WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ? AND phase = ? AND cursor = ?
   AND (? IS NULL OR complete_by < ?)
   AND (? IS NULL OR EXISTS (SELECT 1 FROM leases WHERE name = ? AND holder = ? AND epoch = ?))
 """
 
-# The last parameter < 0 means "reset the failure count to 0" (operator retry); it
-# comes apart from the inserted value, which is clamped at 0. Name, agent and key are
-# those the unit had, but for a migration (plan.Plan.migrate), which gives a step that
-# never ran the place of another.
+# A unit's complete new row (rows.implied_rows), as the transition carries it.
 UPSERT_STEP = """
 INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,
                    complete_by, idempotency_key, result, error, in_doubt, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, MAX(?, 0), ?, ?, ?, ?, ?, ?)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (task_id, phase, idx) DO UPDATE SET
-    name = excluded.name, agent = excluded.agent, idempotency_key = excluded.idempotency_key,
-    state = excluded.state,
-    attempts = steps.attempts + excluded.attempts,
-    failure_count = CASE WHEN ? < 0 THEN 0
-                         ELSE steps.failure_count + excluded.failure_count END,
-    complete_by = COALESCE(excluded.complete_by, steps.complete_by),
-    result = COALESCE(excluded.result, steps.result),
-    error = excluded.error,
-    in_doubt = MAX(steps.in_doubt, excluded.in_doubt),
+    name = excluded.name, agent = excluded.agent, state = excluded.state,
+    attempts = excluded.attempts, failure_count = excluded.failure_count,
+    complete_by = excluded.complete_by, idempotency_key = excluded.idempotency_key,
+    result = excluded.result, error = excluded.error, in_doubt = excluded.in_doubt,
     updated_at = excluded.updated_at
 """
 
 DROP_STEPS = "DELETE FROM steps WHERE task_id = ? AND phase = 'do' AND idx >= ?"
-
-MIRROR_UNDO = """
-UPDATE steps SET state = ?, updated_at = ? WHERE task_id = ? AND phase = 'do' AND idx = ?
-"""
 
 INSERT_OUTBOX = "INSERT INTO outbox (queue, body, created_at) VALUES (?, ?, ?)"
 DELETE_OUTBOX = "DELETE FROM outbox WHERE id = ?"

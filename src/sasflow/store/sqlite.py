@@ -233,9 +233,9 @@ class SQLiteStore:
                 rows = sorted(rows, key=lambda row: row[8])[:limit]
             claimed = []
             for task in _tasks_with_steps(conn, rows):
-                transition = claim_transition(plans[task.workflow], task, owner, now)
-                if transition is not None and _apply(conn, transition, now, self._deferred):
-                    claimed.append(task)
+                planned = claim_transition(plans[task.workflow], task, owner, now)
+                if planned is not None and _apply(conn, planned[0], now, self._deferred):
+                    claimed.append(planned[1])
             return claimed
 
         return await self._writer.run(job)
@@ -470,7 +470,7 @@ class _Deferred:
 
 
 _STATEMENTS: dict[RowKind, str] = {
-    "step": sql.UPSERT_STEP, "mirror": sql.MIRROR_UNDO, "history": sql.INSERT_HISTORY,
+    "step": sql.UPSERT_STEP, "history": sql.INSERT_HISTORY,
     "outbox": sql.INSERT_OUTBOX, "alert": sql.INSERT_ALERT, "drop": sql.DROP_STEPS}
 
 
