@@ -467,7 +467,8 @@ class Plan:
         return Transition(
             task_id=task.task_id, actor=actor, why=why, epoch=fence.epoch,
             from_state=fence.state, owner=fence.owner, from_phase=fence.phase,
-            from_cursor=fence.cursor, expired_before=fence.expired_before,
+            from_cursor=fence.cursor, from_version=fence.version,
+            expired_before=fence.expired_before,
             state=state, phase=task.phase, cursor=task.cursor, locked_by=locked_by,
             complete_by=complete_by,
             available_at=task.available_at if available_at is None else available_at,
@@ -498,10 +499,12 @@ def _may_have_run(record: StepRecord) -> bool:
 class _Fence:
     """How the task was read: the transition applies only if it is still so."""
 
-    __slots__ = ("claim", "cursor", "epoch", "expired_before", "owner", "phase", "state")
+    __slots__ = ("claim", "cursor", "epoch", "expired_before", "owner", "phase", "state",
+                 "version")
 
     def __init__(self, task: Task, *, owner: str | None, claim: bool = False,
                  expired_before: float | None = None) -> None:
         self.epoch, self.state, self.owner = task.epoch, task.state, owner
         self.phase, self.cursor = task.phase, task.cursor  # the unit it was read at
+        self.version = task.version  # and the shape it was planned for
         self.claim, self.expired_before = claim, expired_before

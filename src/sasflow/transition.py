@@ -6,6 +6,10 @@ only if the task still has the epoch, state, owner and position (phase and
 cursor) it was computed from (the fence, DESIGN invariants 2 and 4); otherwise
 nothing at all is written.
 
+The version is part of the fence because a transition writes the version it
+read (it carries values, see below), and a migration changes the version and the
+steps and nothing else of the fence.
+
 The position is part of the fence because a scheduler holding a task moves it
 from unit to unit within one epoch, state and owner: a write planned from a read
 of the unit before (a supervisor's expiry, an operator's action) must not land on
@@ -73,6 +77,7 @@ class Transition(msgspec.Struct, kw_only=True):
     owner: str | None  # locked_by must equal this (None: must be unlocked)
     from_phase: Phase  # and the unit at the cursor the same one: phase...
     from_cursor: int  # ... and cursor as read
+    from_version: str | None  # and the version (a migration changes it, nothing else)
     expired_before: float | None = None  # and complete_by < this (supervisor)
     lease: LeaseFence | None = None  # and the supervisors' lease still held (M3)
     # the task's new values

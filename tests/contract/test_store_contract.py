@@ -308,7 +308,7 @@ async def test_the_store_refuses_a_move_the_lifecycle_forbids(store: Store,
     await submitted(store, "order-1")
     forbidden = Transition(task_id="order-1", actor="x", why="bad", epoch=0,
                            from_state=T.PROCESSED, owner=None, from_phase=Phase.DO,
-                           from_cursor=0, state=T.PENDING,
+                           from_cursor=0, from_version=ORDER.version, state=T.PENDING,
                            phase=Phase.DO, cursor=0, locked_by=None, failure_count=0,
                            available_at=clock.now, new_epoch=0, version=ORDER.version)
     with pytest.raises(StoreError):
@@ -899,6 +899,23 @@ async def test_the_sweep_reads_only_the_workflows_it_is_given(store: Store,
     assert await store.expired(10, []) == []
     assert await store.next_expiry([]) is None
     assert await store.next_expiry(["slow"]) == clock.now - 6 - 60 + 50.0
+
+
+async def test_a_transition_planned_before_a_migration_does_not_apply(store: Store,
+                                                                     clock: Clock) -> None:
+    """A migration changes a task's version and steps and nothing else the fence holds:
+    an operator's action planned from a read before it applies to nothing, rather than
+    write back the version (and step rows) it read."""
+    plan = PLANS["order"]
+    await submitted(store, "o1")
+    task = await claim_one(store, "s1")
+    task = await applies(store, task, plan.release(task, "s1", clock.now))
+    stale = plan.cancel(task, clock.now)
+    await applies(store, task, Plan(ORDER_V3, COMPENSABLE).migrate(task, clock.now))
+    assert not await store.apply(stale)
+    stored = await fresh(store, "o1")
+    assert (stored.state, stored.version, len(stored.steps)) == (
+        T.PENDING, ORDER_V3.version, len(ORDER_V3.steps))
 
 
 async def test_a_migration_is_stored_as_planned(store: Store, clock: Clock) -> None:

@@ -127,6 +127,7 @@ def test_a_store_that_does_not_fence_is_caught(monkeypatch: pytest.MonkeyPatch) 
             held = stored.task
             t.epoch = t.new_epoch = held.epoch
             t.owner, t.from_phase, t.from_cursor = held.locked_by, held.phase, held.cursor
+            t.from_version = held.version
         return fenced(self, t, now)
 
     monkeypatch.setattr(MemoryStore, "_apply", unfenced)

@@ -90,8 +90,8 @@ class Record:
 
     def fence_holds(self, t: Transition) -> bool:
         task = self.task
-        if (task.epoch, task.state, task.locked_by, task.phase, task.cursor) != (
-                t.epoch, t.from_state, t.owner, t.from_phase, t.from_cursor):
+        if (task.epoch, task.state, task.locked_by, task.phase, task.cursor, task.version) != (
+                t.epoch, t.from_state, t.owner, t.from_phase, t.from_cursor, t.from_version):
             return False
         return t.expired_before is None or (
             task.complete_by is not None and task.complete_by < t.expired_before)

@@ -203,8 +203,9 @@ class MemoryStore:
         task = stored.task
         if (task.epoch, task.state, task.locked_by) != (t.epoch, t.from_state, t.owner):
             return False
-        if (task.phase, task.cursor) != (t.from_phase, t.from_cursor):
-            return False  # planned at another unit than the task is at now
+        if (task.phase, task.cursor, task.version) != (t.from_phase, t.from_cursor,
+                                                       t.from_version):
+            return False  # planned at another unit, or for another shape
         if t.expired_before is not None and not (
                 task.complete_by is not None and task.complete_by < t.expired_before):
             return False

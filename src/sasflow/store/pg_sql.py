@@ -217,7 +217,7 @@ _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
                "complete_by float8", "available_at float8", "failure_count int", "error text",
                "new_epoch bigint", "updated_at float8", "version text", "task_id text",
                "epoch bigint", "from_state text", "owner text", "from_phase text",
-               "from_cursor int", "expired_before float8", "lease text",
+               "from_cursor int", "from_version text", "expired_before float8", "lease text",
                "lease_holder text", "lease_epoch bigint",
                "wake float8",  # when the task is claimable again, if this releases it
                "token bigint")  # the write's, into last_write
@@ -242,7 +242,7 @@ _INSERT_HISTORY = """INSERT INTO history (task_id, step, phase, at, actor, epoch
 # - `locked`: the batch's task rows, locked in task-id order first, so every batch
 #   of every process waits for rows in the same order (no deadlock);
 # - `applied`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
-#   epoch, state, owner and unit (phase, cursor) as when read, and (supervisor)
+#   epoch, state, owner, unit (phase, cursor) and version as when read, and (supervisor)
 #   a complete-by that has passed and the lease still held with its epoch; a task
 #   not in it is left exactly as it was;
 # - the implied rows are written for the applied transitions only: each unit's row
@@ -265,6 +265,7 @@ applied AS (
     WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
       AND t.locked_by IS NOT DISTINCT FROM v.owner
       AND t.phase = v.from_phase AND t.cursor = v.from_cursor
+      AND t.version IS NOT DISTINCT FROM v.from_version
       AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
       AND (v.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.name = v.lease
                                       AND l.holder = v.lease_holder AND l.epoch = v.lease_epoch))

@@ -153,12 +153,12 @@ def set_values(t: Transition, now: float) -> tuple[Any, ...]:
 
 
 def fence_values(t: Transition) -> tuple[Any, ...]:
-    """The fence of the UPDATE: task id, epoch, state, owner, phase, cursor,
+    """The fence of the UPDATE: task id, epoch, state, owner, phase, cursor, version,
     expired-before, and the lease's name, holder and epoch (None when the writer holds
     no lease)."""
     lease = t.lease
     return (t.task_id, t.epoch, t.from_state.value, t.owner, t.from_phase.value,
-            t.from_cursor, t.expired_before,
+            t.from_cursor, t.from_version, t.expired_before,
             lease and lease.name, lease and lease.holder, lease and lease.epoch)
 
 

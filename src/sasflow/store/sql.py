@@ -46,8 +46,8 @@ INSERT INTO history (task_id, step, phase, at, actor, epoch, from_state, to_stat
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
-# The fence: the task must still have the epoch, state, owner and unit (phase and
-# cursor) it was read with, and (supervisor) a complete-by that has passed and the
+# The fence: the task must still have the epoch, state, owner, unit (phase and
+# cursor) and version it was read with, and (supervisor) a complete-by that has passed and the
 # lease still held with the epoch it swept under. Zero rows changed = not applied.
 # The new values are the transition's own (rows.set_values).
 APPLY_TRANSITION = """
@@ -55,6 +55,7 @@ UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = 
                  available_at = ?, failure_count = ?, error = ?,
                  epoch = ?, updated_at = ?, version = ?
 WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ? AND phase = ? AND cursor = ?
+  AND version IS ?
   AND (? IS NULL OR complete_by < ?)
   AND (? IS NULL OR EXISTS (SELECT 1 FROM leases WHERE name = ? AND holder = ? AND epoch = ?))
 """

@@ -477,10 +477,10 @@ _STATEMENTS: dict[RowKind, str] = {
 def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Deferred) -> bool:
     """Apply one fenced transition inside the writer's transaction."""
     check_legal(t)
-    (task_id, epoch, state, owner, phase, cursor, expired_before, lease, holder,
+    (task_id, epoch, state, owner, phase, cursor, version, expired_before, lease, holder,
      lease_epoch) = fence_values(t)
-    fence = (task_id, epoch, state, owner, phase, cursor, expired_before, expired_before,
-             lease, lease, holder, lease_epoch)
+    fence = (task_id, epoch, state, owner, phase, cursor, version, expired_before,
+             expired_before, lease, lease, holder, lease_epoch)
     if not conn.execute(sql.APPLY_TRANSITION, set_values(t, now) + fence).rowcount:
         return False
     for kind, row in implied_rows(t, now):
