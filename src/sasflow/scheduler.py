@@ -207,12 +207,14 @@ class Scheduler:
             if failpoints.ARMED: await failpoints.hit("scheduler.before_apply_reply")  # noqa: E701
             transition = plan.reply(task, self.instance_id, reply.ok, reply.result, reply.error,
                                     self.store.now(), permanent=reply.permanent)
+            # held as it will be once the write applies: a stop that comes while the write
+            # is on its way (and commits) releases the task from there
+            task = self._held[task.task_id] = applied(task, transition)
             if not await self.store.apply(transition):
                 log.info("task %s was taken away (epoch %s): letting go", task.task_id,
                          transition.epoch)
                 self._held.pop(task.task_id, None)
                 return
-            task = self._held[task.task_id] = applied(task, transition)
             self.on_applied(transition)
 
     async def _exchange(self, request: Request, body: bytes,
