@@ -316,6 +316,22 @@ async def test_the_store_refuses_a_move_the_lifecycle_forbids(store: Store,
     assert (await fresh(store, "order-1")).state is T.PENDING
 
 
+async def test_the_same_transition_written_twice_changes_nothing_more(store: Store,
+                                                                    clock: Clock) -> None:
+    """Values under a fence: the same transition written again (a write retried) applies
+    to nothing; the task, its steps and its history stay as the first write left them."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    reply = plan.reply(task, "s1", True, {"sku": 7}, None, clock.now)
+    task = await applies(store, task, reply)
+    history = await store.history("order-1")
+    clock.advance(1)
+    assert not await store.apply(reply)
+    assert_stored_as_planned(await fresh(store, "order-1"), task)
+    assert await store.history("order-1") == history
+
+
 async def test_a_saga_is_stored_as_planned_at_every_step(store: Store, clock: Clock) -> None:
     """S9 round trip: every transition of a compensated task lands exactly as planned."""
     plan = PLANS["order"]
