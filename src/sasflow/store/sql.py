@@ -47,9 +47,9 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
 # The fence: the task must still have the epoch, state, owner, unit (phase and
-# cursor) and version it was read with, and (supervisor) a complete-by that has passed and the
-# lease still held with the epoch it swept under. Zero rows changed = not applied.
-# The new values are the transition's own (rows.set_values).
+# cursor) and version it was read with, and (supervisor) a complete-by that has
+# passed and the lease still held with the epoch it swept under. Zero rows changed =
+# not applied. The new values are the transition's own (rows.set_values).
 APPLY_TRANSITION = """
 UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = ?,
                  available_at = ?, failure_count = ?, error = ?,
