@@ -32,7 +32,7 @@ from sasflow.errors import (
 )
 from sasflow.isolation import Isolation
 from sasflow.messages import Status, decode_status, encode_json_value
-from sasflow.model import Task, TaskState, idempotency_key
+from sasflow.model import Task, TaskState, claimable, idempotency_key, terminal
 from sasflow.plan import Plan, task_version
 from sasflow.portal import Portal, refuse_inside_a_loop
 from sasflow.resilience import RetryPolicy
@@ -520,11 +520,9 @@ class App:
             self._alerted(Alert(id=0, task_id=transition.task_id, at=self.store.now(),
                                 message=transition.alert, step=transition.alert_step,
                                 agent=transition.alert_agent))
-        if transition.state in (TaskState.PENDING, TaskState.COMPENSATING) and (
-                transition.locked_by is None):
+        if claimable(transition.state, transition.locked_by):
             self._wake_schedulers()
-        if transition.state in (TaskState.PROCESSED, TaskState.ERROR, TaskState.COMPENSATED,
-                                TaskState.CANCELLED):
+        if terminal(transition.state):
             self._finished(transition.task_id)
 
     def _finished(self, task_id: str) -> None:

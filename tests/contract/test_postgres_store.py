@@ -20,8 +20,8 @@ from test_store_contract import PLANS, Clock, StoreFactory, new_task, submitted
 
 from sasflow import AgentRequest, App, Step
 from sasflow.errors import MissingExtraError, StoreError
-from sasflow.model import Task, TaskState
-from sasflow.store import open_store
+from sasflow.model import UNFINISHED_TASK_STATES, Task, TaskState, claimable
+from sasflow.store import open_store, sql
 from sasflow.store.postgres import PostgresStore
 from sasflow.store.postgres import _scripts as pg_migrations
 
@@ -368,3 +368,22 @@ async def test_placing_example_orders_from_the_command_line(make_store: StoreFac
         tasks = conn.execute("SELECT task_id, state FROM tasks ORDER BY task_id").fetchall()
     assert len(orders) == 3
     assert sorted((ref, "pending") for (ref,) in orders) == tasks
+
+
+@on_postgres
+async def test_postgres_reads_the_claimable_and_unfinished_predicates_as_the_model(
+        make_store: StoreFactory) -> None:
+    """sql.CLAIMABLE_SQL and sql.UNFINISHED_SQL, as PostgreSQL reads them, agree with
+    model.claimable and model.UNFINISHED_TASK_STATES on every state, held or not."""
+    store = postgres(make_store)
+    rows = [(state.value, holder) for state in TaskState for holder in (None, "s1")]
+    with psycopg.connect(store.conninfo) as conn:
+        for predicate, python in (
+                (sql.CLAIMABLE_SQL, lambda s, h: claimable(TaskState(s), h)),
+                (sql.UNFINISHED_SQL, lambda s, h: TaskState(s) in UNFINISHED_TASK_STATES)):
+            for state, holder in rows:
+                found = conn.execute(
+                    f"SELECT count(*) FROM (SELECT %s::text AS state, %s::text AS locked_by)"
+                    f" AS tasks WHERE {predicate}", (state, holder)).fetchone()
+                assert found is not None
+                assert bool(found[0]) is python(state, holder), (predicate, state, holder)

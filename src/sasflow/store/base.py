@@ -125,11 +125,15 @@ class Store(Protocol):
         ...
 
     async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
-        """Atomically take up to `limit` claimable tasks and start their next unit (E3)."""
+        """Atomically take up to `limit` claimable tasks (model.claimable, once their
+        available-at has come) and start their next unit (E3); the tasks as claimed."""
         ...
 
     async def apply(self, transition: Transition) -> bool:
-        """Apply a fenced transition: all of it, or nothing if the fence no longer holds."""
+        """Apply a fenced transition: all of it, or nothing if the fence no longer holds.
+
+        The values it carries are written as they are (transition.applied says what
+        they make of the task), so writing it again changes nothing more."""
         ...
 
     async def expired(self, limit: int, workflows: Collection[str] | None = None

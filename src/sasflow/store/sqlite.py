@@ -32,11 +32,12 @@ import msgspec
 
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
 from sasflow.model import (
-    TERMINAL_TASK_STATES,
     Phase,
     StepState,
     Task,
     TaskState,
+    claimable,
+    terminal,
 )
 from sasflow.plan import Plan
 from sasflow.redact import redact
@@ -244,9 +245,9 @@ class SQLiteStore:
                 rows = sorted(rows, key=lambda row: row[8])[:limit]
             claimed = []
             for task in _tasks_with_steps(conn, rows):
-                transition = claim_transition(plans[task.workflow], task, owner, now)
-                if transition is not None and _apply(conn, transition, now, self._deferred):
-                    claimed.append(task)
+                planned = claim_transition(plans[task.workflow], task, owner, now)
+                if planned is not None and _apply(conn, planned[0], now, self._deferred):
+                    claimed.append(planned[1])
             return claimed
 
         return await self._writer.run(job)
@@ -260,11 +261,10 @@ class SQLiteStore:
 
     def _tell(self, transition: Transition) -> None:
         """Wake the other processes sharing the file that wait for what it did."""
-        if transition.state in TERMINAL_TASK_STATES:
+        if terminal(transition.state):
             self._wake.finished(transition.task_id)
-        elif transition.locked_by is None and transition.state in (
-                TaskState.PENDING, TaskState.COMPENSATING):
-            self._wake.work(transition.available_at or self.now())
+        elif claimable(transition.state, transition.locked_by):
+            self._wake.work(transition.available_at)
 
     # ------------------------------------------------------------ supervisor
     async def expired(self, limit: int, workflows: Collection[str] | None = None
@@ -511,17 +511,17 @@ class _Deferred:
 
 
 _STATEMENTS: dict[RowKind, str] = {
-    "step": sql.UPSERT_STEP, "mirror": sql.MIRROR_UNDO, "history": sql.INSERT_HISTORY,
+    "step": sql.UPSERT_STEP, "history": sql.INSERT_HISTORY,
     "outbox": sql.INSERT_OUTBOX, "alert": sql.INSERT_ALERT, "drop": sql.DROP_STEPS}
 
 
 def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Deferred) -> bool:
     """Apply one fenced transition inside the writer's transaction."""
     check_legal(t)
-    (task_id, epoch, state, owner, phase, cursor, expired_before, lease, holder,
+    (task_id, epoch, state, owner, phase, cursor, version, expired_before, lease, holder,
      lease_epoch) = fence_values(t)
-    fence = (task_id, epoch, state, owner, phase, cursor, expired_before, expired_before,
-             lease, lease, holder, lease_epoch)
+    fence = (task_id, epoch, state, owner, phase, cursor, version, expired_before,
+             expired_before, lease, lease, holder, lease_epoch)
     if not conn.execute(sql.APPLY_TRANSITION, set_values(t, now) + fence).rowcount:
         return False
     for kind, row in implied_rows(t, now):
