@@ -2,7 +2,7 @@
 
 The public face of sasflow (CONTRACT "Python API"). Every operation is async at
 heart (`asubmit`, `aget`, `await_`...); the sync methods call them through a
-private event loop (portal.py).
+private event loop (background_loop.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sasflow.agent import AgentFunction, AgentRequest
+from sasflow.background_loop import BackgroundLoop, refuse_inside_a_loop
 from sasflow.errors import (
     ConfigurationError,
     InvalidTransitionError,
@@ -34,7 +35,6 @@ from sasflow.isolation import Isolation
 from sasflow.messages import Status, decode_status, encode_json_value
 from sasflow.model import Task, TaskState, idempotency_key
 from sasflow.plan import Plan, task_version
-from sasflow.portal import Portal, refuse_inside_a_loop
 from sasflow.resilience import RetryPolicy
 from sasflow.store import Store, open_store
 from sasflow.store.base import Alert, HistoryEntry, NewTask
@@ -101,7 +101,7 @@ class App:
         self._store: Store | None = None
         self._connect_within: float | None = None
         self._transport: Transport | None = None
-        self._portal = Portal()
+        self._loop = BackgroundLoop()
         self._workers: list[tuple[asyncio.AbstractEventLoop, Worker]] = []
         self._alert_callbacks: list[Callable[[Alert], None]] = []
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
@@ -252,7 +252,7 @@ class App:
         return task
 
     def get(self, task_id: str) -> Task:
-        return self._portal.call(self.aget(task_id))
+        return self._loop.call(self.aget(task_id))
 
     async def await_(self, task_id: str, timeout: float | None = 60.0) -> Task:
         """Wait until the task reaches a terminal state; WaitTimeout if it does not."""
@@ -284,7 +284,7 @@ class App:
                     self._waiters.pop(task_id, None)
 
     def wait(self, task_id: str, timeout: float | None = 60.0) -> Task:
-        return self._portal.call(self.await_(task_id, timeout))
+        return self._loop.call(self.await_(task_id, timeout))
 
     async def alist(self, *, state: str | None = None, workflow: str | None = None,
                     limit: int = 100) -> list[Task]:
@@ -303,7 +303,7 @@ class App:
         return await self.store.alerts(limit=limit, after=after)
 
     def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]:
-        return self._portal.call(self.aalerts(limit=limit, after=after))
+        return self._loop.call(self.aalerts(limit=limit, after=after))
 
     async def listen(self, queue: str) -> AsyncIterator[Status]:
         """Status messages of the tasks submitted with ``reply_to=queue`` (E11)."""
@@ -407,17 +407,17 @@ class App:
 
     def migrate(self, workflow: str, *, from_version: str | None = None,
                 dry_run: bool = False) -> list[Migration]:
-        return self._portal.call(self.amigrate(workflow, from_version=from_version,
+        return self._loop.call(self.amigrate(workflow, from_version=from_version,
                                                dry_run=dry_run))
 
     def retry(self, task_id: str, step: str | None = None) -> Task:
-        return self._portal.call(self.aretry(task_id, step))
+        return self._loop.call(self.aretry(task_id, step))
 
     def compensate(self, task_id: str) -> Task:
-        return self._portal.call(self.acompensate(task_id))
+        return self._loop.call(self.acompensate(task_id))
 
     def cancel(self, task_id: str) -> Task:
-        return self._portal.call(self.acancel(task_id))
+        return self._loop.call(self.acancel(task_id))
 
     # ------------------------------------------------------------ running
     def worker(self, *, roles: Sequence[str] = ROLES, agents: Sequence[str] | None = None,
@@ -474,7 +474,7 @@ class App:
         async def launch() -> asyncio.Task[None]:
             return asyncio.create_task(self._serve(worker))
 
-        self._background = self._portal.run(launch())
+        self._background = self._loop.run(launch())
         return self
 
     def stop(self) -> None:
@@ -491,14 +491,14 @@ class App:
                 if transport is not None:
                     await transport.close()
 
-            self._portal.run(halt())
+            self._loop.run(halt())
         self.close()
 
     def close(self) -> None:
         if self._store is not None:
             store, self._store = self._store, None
-            self._portal.run(store.close())
-        self._portal.close()
+            self._loop.run(store.close())
+        self._loop.close()
 
     def __enter__(self) -> App:
         return self

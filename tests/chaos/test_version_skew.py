@@ -103,7 +103,7 @@ def test_tasks_of_an_unknown_workflow_raise_one_alert_and_hold_up_no_recovery(
         plans = cluster.app.plans()
         await store.claim("dead", len(known), {chaosapp.PIPELINE: plans[chaosapp.PIPELINE]})
 
-    renamed._portal.call(claim_as_a_dead_worker())
+    renamed._loop.call(claim_as_a_dead_worker())
     assert cluster.states()["processing"] == 1150
 
     survivor = cluster.spawn("survivor")
