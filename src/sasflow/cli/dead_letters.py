@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
-from sasflow.app import DEFAULT_STORE
+from sasflow.backends import DEFAULT_STORE
 from sasflow.cli import output
 from sasflow.cli.options import logging_disabled, option, store_option, transport_option
 from sasflow.errors import InputError
