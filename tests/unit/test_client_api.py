@@ -18,6 +18,7 @@ import sasflow
 from sasflow import AgentRequest, App, StatusEvent, Step, TaskState
 
 SRC = Path(sasflow.__file__).parent
+API_DOC = SRC.parents[1] / "docs" / "api.md"
 CLIENT_OPERATIONS = ["submit", "get", "list", "history", "alerts", "retry", "compensate",
                      "cancel", "migrate"]
 HANG_GUARD = 60.0
@@ -165,3 +166,10 @@ def test_the_worker_gets_its_parts_not_the_app() -> None:
 def test_the_app_modules_stay_small(module: str) -> None:
     """Each module of the App's two halves is at most 400 lines."""
     assert len((SRC / f"{module}.py").read_text().splitlines()) <= 400
+
+
+def test_docs_api_names_every_public_name_of_app() -> None:
+    """docs/api.md, the App's reference, has a row for each of its public names."""
+    documented = set(re.findall(r"`(?:@?app\.|await )?([a-z_]+)", API_DOC.read_text()))
+    public = {name for name in dir(App) if not name.startswith("_")}
+    assert public - documented == set()
