@@ -3,6 +3,7 @@ the transport its URLs name, each opened on first use."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 
@@ -29,6 +30,8 @@ class Backends:
         self._create = True
         self._store: Store | None = None
         self._transport: Transport | None = None
+        # a broker's client is bound to the event loop it was opened on (None: none)
+        self._transport_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def opened(self) -> bool:
@@ -66,6 +69,7 @@ class Backends:
             # in-process queues die with the process: their dead letters go to the store
             self._transport = open_transport(url, max_message_bytes=self.max_payload_bytes,
                                              dead_letter_box=lambda: self.store)
+            self._transport_loop = _running_loop()
         return self._transport
 
     def detach_transport(self) -> Transport | None:
@@ -73,6 +77,19 @@ class Backends:
         transport, self._transport = self._transport, None
         return transport
 
+    def detach_transport_of(self, loop: asyncio.AbstractEventLoop | None) -> Transport | None:
+        """`detach_transport`, only if the transport was opened on `loop`."""
+        if loop is None or self._transport_loop is not loop:
+            return None
+        return self.detach_transport()
+
     def detach_store(self) -> Store | None:
         store, self._store = self._store, None
         return store
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

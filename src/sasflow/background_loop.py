@@ -49,6 +49,12 @@ class BackgroundLoop:
                 self._loop = loop
             return self._loop
 
+    @property
+    def started(self) -> asyncio.AbstractEventLoop | None:
+        """The loop, if it runs (without starting one)."""
+        with self._lock:
+            return self._loop
+
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the background loop and wait for its result (sync callers only)."""
         try:

@@ -5,7 +5,9 @@ One naming rule for every operation: `x()` blocks (it runs on a private event
 loop in a background thread, background_loop.py) and `ax()` is its coroutine
 for use inside an event loop — `submit`/`asubmit`, `get`/`aget`, `list`/`alist`,
 `history`/`ahistory`, `alerts`/`aalerts`, `listen`/`alisten`, `retry`/`aretry`,
-`compensate`/`acompensate`, `cancel`/`acancel`, `migrate`/`amigrate`. Where
+`compensate`/`acompensate`, `cancel`/`acancel`, `migrate`/`amigrate`,
+`dead_letters`/`adead_letters`, `dead_letter`/`adead_letter`,
+`purge_dead_letters`/`apurge_dead_letters`. Where
 `ax` would be a Python keyword it takes a trailing underscore (PEP 8):
 `wait`/`await_`.
 """
@@ -40,6 +42,7 @@ from sasflow.status_stream import Listening, statuses
 from sasflow.store.base import Alert, HistoryEntry, NewTask, Store
 from sasflow.transition import Transition
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Transport
+from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["Client", "Migration", "new_task_id"]
 
@@ -312,9 +315,30 @@ class Client:
     # last: inside this class body, `list` means the method from here on
     list = _blocking(alist)
 
+    # ------------------------------------------------------------ dead letters (R3)
+    async def adead_letters(self, *, limit: int = 100) -> builtins.list[DeadLetter]:
+        """The messages no consumer could handle, oldest first: the broker's, or (for
+        the in-process transport, whose queues die with their process) the store's."""
+        return await self._transport.dead_letters(limit=limit)
+
+    async def adead_letter(self, letter_id: str) -> DeadLetter | None:
+        """One dead letter, whole; None if there is none by that id."""
+        return await self._transport.dead_letter(letter_id)
+
+    async def apurge_dead_letters(self) -> int:
+        """Forget every dead letter; how many there were."""
+        return await self._transport.purge_dead_letters()
+
+    dead_letters = _blocking(adead_letters)
+    dead_letter = _blocking(adead_letter)
+    purge_dead_letters = _blocking(apurge_dead_letters)
+
     def close(self) -> None:
-        """Close the store and the background loop (a closed client opens them again
-        if used)."""
+        """Close the store, the transport the blocking methods opened, and the
+        background loop (a closed client opens them again if used)."""
+        transport = self._backends.detach_transport_of(self._loop.started)
+        if transport is not None:  # closed on its own loop: a broker's client is bound to it
+            self._loop.run(transport.close())
         store = self._backends.detach_store()
         if store is not None:
             self._loop.run(store.close())

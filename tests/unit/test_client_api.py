@@ -20,7 +20,7 @@ from sasflow import AgentRequest, App, StatusEvent, Step, TaskState
 SRC = Path(sasflow.__file__).parent
 API_DOC = SRC.parents[1] / "docs" / "api.md"
 CLIENT_OPERATIONS = ["submit", "get", "list", "history", "alerts", "retry", "compensate",
-                     "cancel", "migrate"]
+                     "cancel", "migrate", "dead_letters", "dead_letter", "purge_dead_letters"]
 HANG_GUARD = 60.0
 
 
