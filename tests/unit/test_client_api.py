@@ -173,3 +173,23 @@ def test_docs_api_names_every_public_name_of_app() -> None:
     documented = set(re.findall(r"`(?:@?app\.|await )?([a-z_]+)", API_DOC.read_text()))
     public = {name for name in dir(App) if not name.startswith("_")}
     assert public - documented == set()
+
+
+def test_close_closes_the_transport_the_blocking_methods_opened(app: App) -> None:
+    """A transport opened on the app's own loop (here by dead_letters()) is closed by
+    close(); one opened in the caller's event loop is left to the caller."""
+    assert app.dead_letters() == []
+    opened = app._backends._transport
+    assert opened is not None
+    app.close()
+    assert app._backends._transport is None
+
+    async def use_in_my_loop() -> None:
+        await app.adead_letters()
+
+    with contextlib.closing(asyncio.new_event_loop()) as loop:
+        loop.run_until_complete(use_in_my_loop())
+        mine = app._backends._transport
+        app.close()
+        assert app._backends._transport is mine
+        loop.run_until_complete(mine.close())
