@@ -4,7 +4,8 @@ The public face of sasflow (CONTRACT "Python API"), in three parts:
 
 - declarations (`agent`, `workflow`, `on_alert`) — this module;
 - the client (`submit`, `get`, `wait`, `list`, `history`, `alerts`, `listen`,
-  `retry`, `compensate`, `cancel`, `migrate`) — client.py. Every one has a
+  `retry`, `compensate`, `cancel`, `migrate`, `dead_letters`...) — client.py
+  (docs/api.md lists them all). Every one has a
   blocking form `x()` and a coroutine `ax()` for use inside an event loop
   (`wait`'s is `await_`, as `await` is a keyword);
 - running the roles (`run`, `arun`, `start`, `stop`) — running.py, which
