@@ -215,9 +215,6 @@ class _Recording:
 
     async def ping(self) -> None: ...
 
-    def has_consumer(self, queue: str) -> bool:
-        return False
-
     async def close(self) -> None: ...
 
 
