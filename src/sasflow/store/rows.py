@@ -19,7 +19,7 @@ from typing import Any, Literal
 import msgspec
 
 from sasflow.errors import InvalidTransitionError, StoreError
-from sasflow.messages import Status, encode
+from sasflow.messages import Status, StatusEvent, encode
 from sasflow.model import (
     CompensationRecord,
     Phase,
@@ -118,8 +118,8 @@ def attach_steps(tasks: dict[str, Task], step_rows: Iterable[tuple[Any, ...]]) -
 def status_row(queue: str, task_id: str, event: str, state: TaskState, step: str | None,
                now: float, error: str | None = None) -> tuple[str, bytes, float]:
     """An outbox row: the status message, written with the change it reports (E11)."""
-    body = encode(Status(task_id=task_id, event=event, state=state.value, at=now, step=step,
-                         error=error if event in ("error", "compensating") else None))
+    body = encode(Status(task_id=task_id, event=StatusEvent(event), state=state.value, at=now,
+                         step=step, error=error if event in ("error", "compensating") else None))
     return (queue, body, now)
 
 

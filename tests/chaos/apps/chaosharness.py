@@ -135,7 +135,7 @@ class Cluster:
         self.remote_url: str | None = None
         self.workers: list[Worker] = []
         self.app = chaosapp.build_app(self.store_url)
-        assert self.app.store is not None  # creates and migrates the file before any worker
+        assert self.app._store is not None  # creates and migrates the file before any worker
 
     # ------------------------------------------------------------ processes
     def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
