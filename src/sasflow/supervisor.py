@@ -54,6 +54,7 @@ log = logging.getLogger("sasflow.supervisor")
 LEASE_NAME = "supervisor"
 _EXPIRY_SLACK = 0.002  # seconds past a complete-by before looking: it must have passed
 _LOGGED_PER_BATCH = 5  # recoveries named in a batch's log line; the rest are counted
+_FORGET_EVERY = 3600.0  # seconds between two clean-ups of gone instances' rows
 
 
 class Supervisor:
@@ -62,11 +63,14 @@ class Supervisor:
                  on_applied: Callable[[Transition], None] = lambda t: None,
                  on_alert: Callable[[Alert], None] = lambda a: None,
                  census_interval: float | None = None, instance_ttl: float = 30.0,
-                 realert_after: float = 3600.0) -> None:
+                 realert_after: float = 3600.0, forget_instances_after: float = 86400.0
+                 ) -> None:
         """`census_interval` (default 10 intervals): how often the leader compares what
         unfinished tasks need with what live instances declare; `instance_ttl`: how
         old a heartbeat may be for its instance to count as live; `realert_after`: when
-        an incident still there is raised again (R4, incidents.py)."""
+        an incident still there is raised again (R4, incidents.py);
+        `forget_instances_after`: how long after its last beat the row of an instance
+        that holds nothing is deleted (once an hour, by the leader)."""
         if interval <= 0:
             raise ValueError("the supervisor interval must be > 0")
         self.store = store
@@ -76,6 +80,8 @@ class Supervisor:
         self.batch = batch
         self.on_applied = on_applied
         self.lease_epoch: int | None = None
+        self.forget_instances_after = forget_instances_after
+        self._forget_at = 0.0  # the store's clock: when the next clean-up is due
         self.recovered = 0  # expiries this instance has acted on
         self.incidents = IncidentWatch(
             store, plans, every=census_interval if census_interval is not None
@@ -125,7 +131,21 @@ class Supervisor:
         self.lease_epoch = epoch
         if epoch is None:
             return 0
-        return await self.sweep() + await self.release_orphans()
+        recovered = await self.sweep() + await self.release_orphans()
+        await self._forget_gone_instances()
+        return recovered
+
+    async def _forget_gone_instances(self) -> None:
+        """Delete the rows of instances gone for a day, now and then: pods come and go
+        with new ids, and their rows would otherwise pile up for ever."""
+        now = self.store.now()
+        if now < self._forget_at:
+            return
+        self._forget_at = now + _FORGET_EVERY
+        forgotten = await self.store.forget_instances(now - self.forget_instances_after)
+        if forgotten:
+            log.info("supervisor %s: forgot %d instance(s) silent for %.0fs or more",
+                     self.instance_id, forgotten, self.forget_instances_after)
 
     async def sweep(self) -> int:
         """Recover every expired unit once; returns how many this call recovered.

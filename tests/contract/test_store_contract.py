@@ -583,6 +583,24 @@ async def test_orphaned_lists_the_tasks_of_gone_instances_only(store: Store,
     assert [t.task_id for t in await store.orphaned(1)] in (["t-silent"], ["t-stopped"])
 
 
+async def test_instances_gone_for_long_are_forgotten_unless_they_hold_a_task(
+        store: Store, clock: Clock) -> None:
+    """Rows of instances silent since before the cut-off are deleted, stopped or not;
+    one that still holds a task stays, so that its orphans are still found."""
+    await submitted(store, "t-held")
+    for name in ("stopped-long-ago", "crashed-long-ago", "holder"):
+        await store.beat(instance(name))
+    [held] = await store.claim("holder", 1, PLANS)
+    await store.stopped("stopped-long-ago")
+    clock.advance(100.0)
+    await store.beat(instance("recent"))
+    clock.advance(1.0)
+    assert await store.forget_instances(clock.now - 50.0) == 2
+    assert [i.instance_id for i in await store.instances()] == ["holder", "recent"]
+    assert [t.task_id for t in await store.orphaned(10)] == [held.task_id]
+    assert await store.forget_instances(clock.now - 50.0) == 0  # nothing more to forget
+
+
 async def test_tasks_an_earlier_process_left_under_the_same_id_are_orphaned(
         store: Store, clock: Clock) -> None:
     """R2: a restarted container keeps its name, so its worker beats under the same id

@@ -10,7 +10,7 @@ import pytest
 
 from sasflow.model import TaskState, idempotency_key
 from sasflow.plan import Plan
-from sasflow.store.base import NewTask
+from sasflow.store.base import Instance, NewTask
 from sasflow.store.sqlite import SQLiteStore
 from sasflow.supervisor import Supervisor
 from sasflow.workflow import Step, Workflow
@@ -52,3 +52,30 @@ async def test_each_batch_of_recoveries_is_one_log_line_naming_tasks_steps_and_w
     assert line.startswith("recovered 8 expired task(s) (8 pending): t0 (reserve: expired (1x):")
     assert "t4 (reserve" in line and "t5" not in line and line.endswith("and 3 more")
     assert {t.state for t in await store.list_tasks()} == {TaskState.PENDING}
+
+
+async def test_the_leader_forgets_instances_silent_for_long_once_an_hour(
+        store: SQLiteStore, caplog: pytest.LogCaptureFixture) -> None:
+    """Pods come and go with new ids: the leader deletes the rows of instances silent
+    for longer than `forget_instances_after`, with one log line, and looks again only
+    an hour later."""
+    clock = store.now
+    assert isinstance(clock, Clock)
+    for name in ("pod-a", "pod-b"):
+        await store.beat(Instance(instance_id=name, host="h", pid=1, roles=["scheduler"],
+                                  agents=[], workflows={}, lease=10.0))
+    clock.now += 601
+    supervisor = Supervisor(store, PLANS, instance_id="sup-1", forget_instances_after=600)
+    with caplog.at_level(logging.INFO, logger="sasflow.supervisor"):
+        await supervisor.tick()
+    assert await store.instances() == []
+    assert any("forgot 2 instance(s) silent for 600s" in r.getMessage()
+               for r in caplog.records)
+    await store.beat(Instance(instance_id="pod-c", host="h", pid=1, roles=["scheduler"],
+                              agents=[], workflows={}, lease=10.0))
+    clock.now += 1800  # pod-c silent for 30 minutes: gone, but the next look is not due
+    await supervisor.tick()
+    assert [i.instance_id for i in await store.instances()] == ["pod-c"]
+    clock.now += 1801  # an hour since the first look
+    await supervisor.tick()
+    assert await store.instances() == []

@@ -208,6 +208,12 @@ class Store(Protocol):
         """Record a clean shutdown of the instance (its heartbeat stops on purpose)."""
         ...
 
+    async def forget_instances(self, before: float) -> int:
+        """Delete the rows of instances whose last beat is older than `before` and that
+        hold no task; how many went. Keeps the table to the instances of recent days
+        however often pods are replaced."""
+        ...
+
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         """The instances that have beaten (or only the one named), oldest first."""
         ...

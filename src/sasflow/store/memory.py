@@ -414,6 +414,15 @@ class MemoryStore:
             if known is not None:
                 known.stopped_at = self.now()
 
+    async def forget_instances(self, before: float) -> int:
+        with self._data.lock:
+            holding = {s.task.locked_by for s in self._data.tasks.values() if s.task.locked_by}
+            gone = [i for i, row in self._data.instances.items()
+                    if row.beat_at < before and i not in holding]
+            for instance_id in gone:
+                del self._data.instances[instance_id]
+        return len(gone)
+
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         with self._data.lock:
             found = [msgspec.structs.replace(i) for i in self._data.instances.values()

@@ -135,6 +135,14 @@ ON CONFLICT (instance_id) DO UPDATE SET
 MARK_STOPPED = ("UPDATE instances SET stopped_at = %(now)s"
                 " WHERE instance_id = %(instance_id)s")
 
+# as sql.FORGET_INSTANCES
+FORGET_INSTANCES = """
+DELETE FROM instances
+WHERE beat_at < %(before)s
+  AND instance_id NOT IN (SELECT locked_by FROM tasks WHERE locked_by IS NOT NULL)
+RETURNING instance_id
+"""
+
 SELECT_INSTANCES = """
 SELECT instance_id, host, pid, roles::text, agents::text, workflows::text,
        started_at, beat_at, stopped_at, lease

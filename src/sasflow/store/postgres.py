@@ -632,6 +632,14 @@ class PostgresStore:
 
         await self._at_home(lambda: self._run(job))
 
+    async def forget_instances(self, before: float) -> int:
+        async def job(conn: psycopg.AsyncConnection[Any]) -> int:
+            cursor = await conn.execute(q.FORGET_INSTANCES, {"before": before})
+            return len(await cursor.fetchall())  # (a pipeline's rowcount is not known yet)
+
+        # safe to repeat: what the first try deleted is not there to delete again
+        return await self._at_home(lambda: self._run(job))
+
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         rows = await self._fetchall(q.SELECT_INSTANCES, {"instance_id": instance_id})
         return [instance_from_row(row) for row in rows]

@@ -187,6 +187,15 @@ ON CONFLICT (instance_id) DO UPDATE SET
 
 MARK_STOPPED = "UPDATE instances SET stopped_at = :now WHERE instance_id = :instance_id"
 
+# Rows of instances that have not beaten since `before` and hold no task: gone for
+# good (a pod replaced, a host retired). One that still holds a task is kept for
+# the supervisors to find its orphans by.
+FORGET_INSTANCES = """
+DELETE FROM instances
+WHERE beat_at < :before
+  AND instance_id NOT IN (SELECT locked_by FROM tasks WHERE locked_by IS NOT NULL)
+"""
+
 SELECT_INSTANCES = """
 SELECT instance_id, host, pid, roles, agents, workflows, started_at, beat_at, stopped_at,
        lease

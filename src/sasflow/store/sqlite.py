@@ -384,6 +384,10 @@ class SQLiteStore:
         await self._writer.run(lambda conn: conn.execute(
             sql.MARK_STOPPED, {"instance_id": instance_id, "now": self.now()}))
 
+    async def forget_instances(self, before: float) -> int:
+        return await self._writer.run(lambda conn: conn.execute(
+            sql.FORGET_INSTANCES, {"before": before}).rowcount)
+
     async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
         rows = await self._read(lambda c: c.execute(
             sql.SELECT_INSTANCES, {"instance_id": instance_id}).fetchall())
