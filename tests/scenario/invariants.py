@@ -73,8 +73,11 @@ def check(cluster: Cluster, remote: RemoteService, tasks: int, *,
     problems = outcome.problems
     db = cluster.db
     outcome.states = {t: s for t, s in db.must("SELECT task_id, state FROM tasks")}
+    # the failed attempt that used up a budget (forward, or the compensation's own) says
+    # so in the history: "charge: expired (6x): compensating"
     outcome.exhausted = {t for (t,) in db.must(
-        "SELECT task_id FROM tasks WHERE failure_count >= %s", (max_failures,))}
+        "SELECT DISTINCT task_id FROM history WHERE step IS NULL AND why LIKE %s",
+        (f"%({max_failures}x)%",))}
     if len(outcome.states) != tasks:
         problems.append(f"{len(outcome.states)} tasks in the store, {tasks} submitted")
     open_tasks = {t: s for t, s in outcome.states.items() if s not in TERMINAL}
