@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from cliharness import APPS, Cli
+
+from support import APPS
+from support.cli import Cli
 
 
 @pytest.mark.parametrize("app", ["isolatedapp:app", f"{APPS / 'isolatedapp.py'}:app"])

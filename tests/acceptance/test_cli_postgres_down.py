@@ -8,14 +8,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from scenario.servers import PrivatePostgres, free_port
-
-SHOP = f"{Path(__file__).parent / 'apps' / 'shopapp.py'}:app"
+from support.cli import SHOP
+from support.servers import PrivatePostgres, free_port
 
 # Hang guard, not a measure: five times the commands' 5 s connect budget, and less
 # than the 30 s the pool used to wait before it gave up.

@@ -39,6 +39,7 @@ import yaml
 from sasflow.cli import cli, run
 from sasflow.cli.app_ref import AppRef, load_app
 from sasflow.worker import ROLES
+from support.cli import SHOP
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -46,7 +47,6 @@ SYSTEMD = DEPLOY / "systemd"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "compose.yaml"
 GUIDE = ROOT / "docs" / "deploy.md"
-SHOP = f"{ROOT / 'tests' / 'acceptance' / 'apps' / 'shopapp.py'}:app"
 SHOP_AGENTS = ("inventory", "payments", "shipping")
 SASFLOW = Path(sys.executable).parent / "sasflow"  # the installed console script
 SERVER = "postgresql://postgres@127.0.0.1:5432/test"

@@ -31,12 +31,12 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
-from cliharness import COMMAND, WAIT
 
 from sasflow import App, SasflowError
 from sasflow.store import open_store
 from sasflow.transport import open_transport
-from scenario.servers import PrivateRedis, free_port
+from support.cli import COMMAND, WAIT
+from support.servers import PrivateRedis, free_port
 
 SECRET = f"Zq{uuid.uuid4().hex[:20]}"  # unique: found anywhere, it leaked
 LOCAL_PG = "postgresql://postgres{userinfo}@127.0.0.1:{port}/test"

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cliharness import Cli
 
-from scenario.servers import PrivateRabbit, PrivateRedis
+from support.cli import Cli
+from support.servers import PrivateRabbit, PrivateRedis
 from support.services import require
 
 # the agent's name is the test run's own: its queue on the machine's RabbitMQ too

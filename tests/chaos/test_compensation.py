@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 from chaosapp import ORDER
-from chaosharness import HANG_GUARD, Cluster, Worker
 
 from sasflow.examples.orders.remote import RemoteService
+from support.chaos import HANG_GUARD, Cluster, Worker
 
 pytestmark = pytest.mark.chaos
 

@@ -7,7 +7,8 @@ import signal
 
 import pytest
 from chaosapp import HOLD, STEP_TIMEOUT
-from chaosharness import HANG_GUARD, Cluster
+
+from support.chaos import HANG_GUARD, Cluster
 
 pytestmark = pytest.mark.chaos
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-APP = Path(__file__).parent / "apps" / "isolatedagent.py"
+from support import APPS
+
+APP = APPS / "isolatedagent.py"
 
 pytestmark = pytest.mark.chaos
 

@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 from chaosapp import PIPELINE, STEP_TIMEOUT
-from chaosharness import HANG_GUARD, Cluster, History
+
+from support.chaos import HANG_GUARD, Cluster, History
 
 pytestmark = pytest.mark.chaos
 

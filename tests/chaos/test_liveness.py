@@ -30,22 +30,22 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from disthelpers import postgres_schema
 from livenessapp import LONG, NAMESPACE_ENV, QUICK, RETRY_BACKOFF, SLOW_ENV, STUCK, build_app
 
 from sasflow import App
 from sasflow.store import open_store
 from sasflow.store.base import HistoryEntry, Instance
-from scenario.servers import PrivatePostgres, free_port
+from support import APPS
+from support.dist import postgres_schema
+from support.servers import PrivatePostgres, free_port
 
 pytestmark = pytest.mark.chaos
 
 T = TypeVar("T")
 
-TESTS = Path(__file__).parents[1]
-APP = f"{Path(__file__).parent / 'apps' / 'livenessapp.py'}:app"
+APP = f"{APPS / 'livenessapp.py'}:app"
 SASFLOW = Path(sys.executable).parent / "sasflow"
-SKEW_HOOK = TESTS / "support" / "skewed_clock"
+SKEW_HOOK = APPS / "skewed_clock"
 HANG_GUARD = 120.0  # seconds: a guard against hangs only, never a claim about speed
 # short enough for a quick test, long enough that a loaded machine's stalls do not
 # make a live worker look gone
@@ -122,7 +122,7 @@ def clean_env(**values: str) -> dict[str, str]:
     return env
 
 
-def wait_for(what: str, condition: Callable[[], T], procs: list[Proc],
+def wait_for(what: str, condition: Callable[[], T | None], procs: list[Proc],
              timeout: float = HANG_GUARD) -> T:
     deadline = time.monotonic() + timeout
     while True:
@@ -134,6 +134,10 @@ def wait_for(what: str, condition: Callable[[], T], procs: list[Proc],
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}",
                         pytrace=False)
         time.sleep(0.05)
+
+
+def failing(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str] | None:
+    return done if done.returncode == 1 else None
 
 
 def healthcheck(store: str, instance_id: str) -> subprocess.CompletedProcess[str]:
@@ -325,8 +329,7 @@ def test_healthcheck_fails_for_a_frozen_worker_and_passes_once_it_is_thawed(
     worker.stop()
     try:
         failed = wait_for("the healthcheck to fail for the frozen worker",
-                          lambda: (c := healthcheck(world.store, "probed")).returncode == 1
-                          and c, [worker])
+                          lambda: failing(healthcheck(world.store, "probed")), [worker])
     finally:
         worker.resume()
     assert failed.stderr.count("\n") == 1 and "no heartbeat for" in failed.stderr, failed.stderr

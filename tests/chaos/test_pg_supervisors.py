@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 from chaosapp import HOLD, INTERVAL, LEASE_TTL
-from chaosharness import Worker
-from disthelpers import DistCluster, postgres_schema
+
+from support.chaos import Worker
+from support.dist import DistCluster, postgres_schema
 
 pytestmark = pytest.mark.chaos
 

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 from chaosapp import HOLD
-from chaosharness import HANG_GUARD, Cluster
+
+from support.chaos import HANG_GUARD, Cluster
 
 pytestmark = pytest.mark.chaos
 

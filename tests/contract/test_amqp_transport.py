@@ -16,6 +16,7 @@ import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import aio_pika
 import pytest
@@ -111,6 +112,10 @@ async def consuming(transport: Transport, queue: str, prefetch: int
 
 HANG_GUARD = 60.0  # only a hang fails on it: a loaded machine is slow, never this slow
 MARKER = b"marker"
+
+
+def received(got: list[bytes], count: int) -> bool:
+    return len(got) >= count
 
 
 async def until(predicate: Callable[[], object], seconds: float = HANG_GUARD) -> None:
@@ -254,7 +259,7 @@ async def test_messages_published_together_to_sasflows_queues_travel_as_bundles(
     await first.nack(requeue=True)
     for name in (own_queue, queue):
         async with consuming(transport, name, prefetch=50) as got:
-            await until(lambda got=got: len(got) >= 200)
+            await until(partial(received, got, 200))
             assert sorted(await all_before_marker(transport, name, got)) == sorted(sent), name
 
 

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,7 @@ async def test_a_malformed_status_message_does_not_end_listening(
     task_id = await app.asubmit("echo", {"n": 3}, reply_to=queue)
     events = []
     listening = app.listen(queue)
+    assert isinstance(listening, AsyncGenerator)  # so it can be closed, whatever happens
     async with asyncio.timeout(30), contextlib.aclosing(listening) as statuses:
         async for status in statuses:
             assert status.task_id == task_id

@@ -20,7 +20,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_store_contract import (
+
+from sasflow import AgentRequest, App, Step
+from sasflow.errors import StoreError, UnknownTaskError
+from sasflow.model import Task, TaskState
+from sasflow.scheduler import Scheduler
+from sasflow.store.postgres import PostgresStore
+from support.stores import (
     PLANS,
     Clock,
     StoreFactory,
@@ -29,12 +35,6 @@ from test_store_contract import (
     new_task,
     submitted,
 )
-
-from sasflow import AgentRequest, App, Step
-from sasflow.errors import StoreError, UnknownTaskError
-from sasflow.model import Task, TaskState
-from sasflow.scheduler import Scheduler
-from sasflow.store.postgres import PostgresStore
 
 on_postgres = pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
 SERVER = ("127.0.0.1", 5432)

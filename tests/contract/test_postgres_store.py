@@ -16,7 +16,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_store_contract import PLANS, Clock, StoreFactory, new_task, submitted
 
 from sasflow import AgentRequest, App, Step
 from sasflow.errors import MissingExtraError, StoreError
@@ -24,6 +23,7 @@ from sasflow.model import Task, TaskState
 from sasflow.store import open_store
 from sasflow.store.postgres import PostgresStore
 from sasflow.store.postgres import _scripts as pg_migrations
+from support.stores import PLANS, Clock, StoreFactory, new_task, submitted
 
 on_postgres = pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
 

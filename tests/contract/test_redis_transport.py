@@ -27,10 +27,11 @@ from sasflow import App, TaskState
 from sasflow.errors import MissingExtraError, TransportError
 from sasflow.transport import open_transport
 from sasflow.transport.redis import GROUP, MAX_CONNECTIONS, RedisTransport
-from scenario.servers import PrivateRedis
+from support import APPS
+from support.servers import PrivateRedis
 
 SERVER = "redis://127.0.0.1:6379/15"
-SHOP_FILE = Path(__file__).parent.parent / "acceptance" / "apps" / "shopapp.py"
+SHOP_FILE = APPS / "shopapp.py"
 SHOP = f"{SHOP_FILE}:app"
 OUTAGE = 3.0  # seconds Redis stays down in the restart test, once its loss was noticed
 VISIBILITY = 0.3  # seconds: short, so a dead consumer's message comes back quickly

@@ -105,11 +105,11 @@ class FaultProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        if self.mode == "reset":
+        if self._resetting():
             _reset(writer)
             return
         await self._flowing.wait()  # a black hole accepts, then connects nowhere
-        if self.mode == "reset":
+        if self._resetting():  # the mode may have changed while this connection waited
             _reset(writer)
             return
         try:
@@ -124,6 +124,9 @@ class FaultProxy:
             for end in (writer, up_writer):
                 self._writers.discard(end)
                 end.close()
+
+    def _resetting(self) -> bool:
+        return self.mode == "reset"
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Copy until EOF; in a black hole each chunk waits for the partition to heal."""

@@ -27,6 +27,7 @@ from sasflow.isolation import FunctionRef, ProcessPool
 from sasflow.messages import Request, decode_reply
 from sasflow.model import Phase, TaskState, idempotency_key
 from sasflow.resilience import RetryPolicy
+from sasflow.transport import DeadLetter
 
 # ------------------------------------------------------------ agents run in worker processes
 
@@ -217,6 +218,15 @@ class _Recording:
 
     def has_consumer(self, queue: str) -> bool:
         return False
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        return []
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        return None
+
+    async def purge_dead_letters(self) -> int:
+        return 0
 
     async def close(self) -> None: ...
 

@@ -23,10 +23,11 @@ from typing import Any, TypeVar
 
 import psycopg
 import scenarioapp
-from servers import PrivatePostgres, PrivateRabbit, PrivateRedis
 
-HERE = Path(__file__).resolve().parent
-APP_FILE = HERE / "scenarioapp.py"
+from support import APPS
+from support.servers import PrivatePostgres, PrivateRabbit, PrivateRedis
+
+APP_FILE = APPS / "scenarioapp.py"
 APP_REF = f"{APP_FILE}:app"
 
 T = TypeVar("T")
@@ -217,7 +218,7 @@ class Cluster:
         with log.open("wb") as out:
             out.write((" ".join(command) + "\n").encode())
             out.flush()
-            popen = subprocess.Popen(command, env=env, cwd=HERE, stdin=subprocess.DEVNULL,
+            popen = subprocess.Popen(command, env=env, cwd=APPS, stdin=subprocess.DEVNULL,
                                      stdout=out, stderr=subprocess.STDOUT)
         worker = Worker(name, roles, agent_list, popen, log)
         self.workers.append(worker)

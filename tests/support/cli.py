@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-APPS = Path(__file__).parent / "apps"
+from support import APPS
+
 SHOP = f"{APPS / 'shopapp.py'}:app"  # the path form of APP; tests also use shopapp:app
 COMMAND = [sys.executable, "-m", "sasflow.cli"]
 WAIT = 120.0  # seconds: a hang guard for a loaded 2-core machine, not a claim about speed

@@ -25,7 +25,8 @@ from typing import Any, TypeVar
 import chaosapp
 import pytest
 
-APPS = Path(__file__).parent
+from sasflow import App
+from support import APPS
 
 T = TypeVar("T")
 
@@ -125,42 +126,24 @@ class Worker:
         return f"--- {self.name} (pid {self.pid}, {state}) ---\n" + "\n".join(text)
 
 
-class Cluster:
-    def __init__(self, root: Path) -> None:
+class World:
+    """What every chaos cluster has: worker processes writing to one effects file, an
+    App in the test process, and the store's tables read through `query`. How the
+    workers are started and the store reached is the subclass's (Cluster: SQLite;
+    support.dist.DistCluster: PostgreSQL and a broker)."""
+
+    def __init__(self, root: Path, store_url: str, app: App) -> None:
         self.root = root
-        self.store_url = f"sqlite:///{root / 'store.db'}"
-        self.db = root / "store.db"
+        self.store_url = store_url
         self.effects_path = root / "effects.log"
         self.effects_path.touch()
         self.remote_url: str | None = None
         self.workers: list[Worker] = []
-        self.app = chaosapp.build_app(self.store_url)
-        assert self.app.store is not None  # creates and migrates the file before any worker
+        self.app = app
 
-    # ------------------------------------------------------------ processes
-    def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
-              slow: float | None = None, hang_at: Iterable[str] = (),
-              script: str = "chaosapp.py") -> Worker:
-        """A worker process running `script` (an application of apps/) with these roles."""
-        env = dict(os.environ)
-        env.update({chaosapp.EFFECTS_ENV: str(self.effects_path),
-                    chaosapp.PARENT_ENV: str(os.getpid()),
-                    chaosapp.HANG_ENV: ",".join(hang_at),
-                    "PYTHONUNBUFFERED": "1"})
-        if slow is not None:
-            env[chaosapp.SLOW_ENV] = str(slow)
-        if self.remote_url is not None:
-            env[chaosapp.REMOTE_ENV] = self.remote_url
-        log = self.root / f"{name}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, str(APPS / script), "--store", self.store_url,
-                 "--instance-id", name, "--roles", ",".join(roles),
-                 "--concurrency", str(concurrency), "--interval", str(chaosapp.INTERVAL)],
-                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        worker = Worker(name, popen, log)
-        self.workers.append(worker)
-        return worker
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Rows of the store's tables; the SQL is SQLite's (``?`` parameters)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         try:
@@ -184,13 +167,6 @@ class Cluster:
             event, task, step, phase, key, pid, at = line.split()
             found.append(Effect(event, task, step, phase, key, int(pid), float(at)))
         return found
-
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        conn = sqlite3.connect(self.db, timeout=30)
-        try:
-            return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
 
     def states(self) -> Counter[str]:
         return Counter(dict(self.query("SELECT state, COUNT(*) FROM tasks GROUP BY state")))
@@ -261,3 +237,44 @@ class Cluster:
         lines = [f"task states: {dict(self.states())}", f"lease: {self.lease()}"]
         lines += [worker.tail() for worker in self.workers]
         return "\n".join(lines)
+
+
+class Cluster(World):
+    """Worker processes running an application script of apps/ over one SQLite file."""
+
+    def __init__(self, root: Path) -> None:
+        store_url = f"sqlite:///{root / 'store.db'}"
+        super().__init__(root, store_url, chaosapp.build_app(store_url))
+        self.db = root / "store.db"
+        assert self.app.store is not None  # creates and migrates the file before any worker
+
+    def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
+              slow: float | None = None, hang_at: Iterable[str] = (),
+              script: str = "chaosapp.py") -> Worker:
+        """A worker process running `script` (an application of apps/) with these roles."""
+        env = dict(os.environ)
+        env.update({chaosapp.EFFECTS_ENV: str(self.effects_path),
+                    chaosapp.PARENT_ENV: str(os.getpid()),
+                    chaosapp.HANG_ENV: ",".join(hang_at),
+                    "PYTHONUNBUFFERED": "1"})
+        if slow is not None:
+            env[chaosapp.SLOW_ENV] = str(slow)
+        if self.remote_url is not None:
+            env[chaosapp.REMOTE_ENV] = self.remote_url
+        log = self.root / f"{name}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, str(APPS / script), "--store", self.store_url,
+                 "--instance-id", name, "--roles", ",".join(roles),
+                 "--concurrency", str(concurrency), "--interval", str(chaosapp.INTERVAL)],
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        worker = Worker(name, popen, log)
+        self.workers.append(worker)
+        return worker
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        conn = sqlite3.connect(self.db, timeout=30)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
