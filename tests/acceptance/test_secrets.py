@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import select
-import signal
 import socket
 import subprocess
 import threading
@@ -36,6 +35,7 @@ from sasflow import App, SasflowError
 from sasflow.store import open_store
 from sasflow.transport import open_transport
 from support.cli import COMMAND, WAIT
+from support.process import Process
 from support.servers import PrivateRedis, free_port
 
 SECRET = f"Zq{uuid.uuid4().hex[:20]}"  # unique: found anywhere, it leaked
@@ -70,39 +70,24 @@ class Outputs:
         self.seen.append((" ".join(args), done.stdout + done.stderr))
         return done
 
-    def worker(self, *args: str) -> subprocess.Popen[bytes]:
-        path = self.home / f"worker-{len(self.logs)}.log"
-        with path.open("w") as log:
-            started = subprocess.Popen([*COMMAND, "worker", "secretapp:app",
-                                        "--supervisor-interval", "0.1", *args],
-                                       cwd=self.home, env=self.env, stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT)
-        self.logs[started.pid] = path
+    def worker(self, *args: str) -> Process:
+        started = Process.spawn(
+            f"worker-{len(self.logs)}",
+            [*COMMAND, "worker", "secretapp:app", "--supervisor-interval", "0.1", *args],
+            self.home / f"worker-{len(self.logs)}.log", env=self.env, cwd=self.home)
+        self.logs[started.pid] = started.log
         return started
 
-    def stop(self, worker: subprocess.Popen[bytes], what: str) -> None:
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=WAIT)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+    def stop(self, worker: Process, what: str) -> None:
+        worker.stop(timeout=WAIT)
         self.seen.append((what, self.worker_log(worker)))
 
-    def worker_log(self, worker: subprocess.Popen[bytes]) -> str:
-        return self.logs[worker.pid].read_text()
+    def worker_log(self, worker: Process) -> str:
+        return worker.text()
 
-    def wait_for_log(self, worker: subprocess.Popen[bytes], *fragments: str) -> str:
+    def wait_for_log(self, worker: Process, *fragments: str) -> str:
         """Until the worker's log holds one of `fragments`, or the worker has exited."""
-        deadline = time.monotonic() + WAIT
-        while True:
-            text = self.worker_log(worker)
-            if any(f in text for f in fragments) or worker.poll() is not None:
-                return text
-            if time.monotonic() > deadline:
-                pytest.fail(f"the worker logged none of {fragments}: {text}")
-            time.sleep(0.05)
+        return worker.wait_for_line(*fragments, timeout=WAIT, exited_ok=True)
 
     def assert_no_secret(self) -> None:
         assert self.seen
@@ -181,7 +166,7 @@ def test_no_command_shows_a_secret_of_reachable_postgres_and_redis(
         deadline = time.monotonic() + WAIT
         while json.loads(outputs.run("tasks", "show", task_id, "--json", "--store", store)
                          .stdout)["state"] != "processed":
-            assert worker.poll() is None, outputs.worker_log(worker)
+            assert worker.alive, outputs.worker_log(worker)
             assert time.monotonic() < deadline, outputs.worker_log(worker)
             time.sleep(0.1)
         outputs.stop(worker, f"worker on {n}")
@@ -282,7 +267,7 @@ def test_the_broker_clients_reconnect_warnings_show_no_secret(
         deadline = time.monotonic() + WAIT
         while json.loads(outputs.run("tasks", "show", "t-up", "--json", "--store", store)
                          .stdout)["state"] != "processed":
-            assert worker.poll() is None and time.monotonic() < deadline, (
+            assert worker.alive and time.monotonic() < deadline, (
                 outputs.worker_log(worker))
             time.sleep(0.1)
         proxy.cut()

@@ -97,8 +97,8 @@ def test_a_worker_started_while_its_broker_is_down_waits_then_serves(
                             "--heartbeat", "0.1", "--heartbeat-lease", "0.5")
     worker.wait_for_log("transport is unreachable")  # it knows the broker is down, and waits
     _wait("beats renewed past three leases while the broker is down",
-          lambda: _beating_for(app_cli, "waits") > 1.5, worker.process, worker.log)
-    assert worker.process.poll() is None
+          lambda: _beating_for(app_cli, "waits") > 1.5, worker.popen, worker.log)
+    assert worker.popen.poll() is None
 
     health = app_cli("healthcheck", "--transport", url, "--timeout", "2")
     assert health.status == 1, health
@@ -187,25 +187,25 @@ def test_a_worker_whose_broker_is_lost_stops_on_sigterm_and_hands_its_tasks_back
         url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/?queue_expires=60&heartbeat=2"
         worker = app_cli.worker("echoapp:app", "--roles", "scheduler", "--transport", url)
         app_cli("submit", "echoapp:app", "echo", "--task-id", "waiting-for-reply")
-        instance = _locked_by(app_cli, "waiting-for-reply", worker.process, worker.log)
+        instance = _locked_by(app_cli, "waiting-for-reply", worker.popen, worker.log)
         # its request went through the proxy (the queue holds it): the link carried
         # everything up to now
         _wait("request in the agent's queue", lambda: _queued(AGENT_QUEUE) >= 1,
-              worker.process, worker.log)
+              worker.popen, worker.log)
         getattr(proxy, fault)()
         _wait("reconnection", lambda: "reconnecting" in worker.text().lower(),
-              worker.process, worker.log)
+              worker.popen, worker.log)
         # claimed while the client reconnects: its request waits to be sent (for up to
         # 15 s, long enough for the signal to find it waiting)
         app_cli("submit", "echoapp:app", "echo", "--task-id", "waiting-to-send")
-        assert _locked_by(app_cli, "waiting-to-send", worker.process,
+        assert _locked_by(app_cli, "waiting-to-send", worker.popen,
                           worker.log) == instance
 
-        worker.process.send_signal(signal.SIGTERM)
+        worker.popen.send_signal(signal.SIGTERM)
         try:
-            status = worker.process.wait(timeout=STOP_HANG_GUARD)
+            status = worker.popen.wait(timeout=STOP_HANG_GUARD)
         except subprocess.TimeoutExpired:
-            worker.process.kill()
+            worker.popen.kill()
             pytest.fail(f"the worker ignored SIGTERM: {worker.text()}")
         assert status == 0, worker.text()
         for task_id in ("waiting-for-reply", "waiting-to-send"):

@@ -9,7 +9,8 @@ import pytest
 from chaosapp import ORDER
 
 from sasflow.examples.orders.remote import RemoteService
-from support.chaos import HANG_GUARD, Cluster, Worker
+from support.chaos import Cluster, Worker
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 from chaosapp import PIPELINE, STEP_TIMEOUT
 
-from support.chaos import HANG_GUARD, Cluster, History
+from support.chaos import Cluster, History
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

@@ -37,6 +37,7 @@ from sasflow.store import open_store
 from sasflow.store.base import HistoryEntry, Instance
 from support import APPS
 from support.dist import postgres_schema
+from support.process import HANG_GUARD, Process, kill_all
 from support.servers import PrivatePostgres, free_port
 
 pytestmark = pytest.mark.chaos
@@ -46,7 +47,6 @@ T = TypeVar("T")
 APP = f"{APPS / 'livenessapp.py'}:app"
 SASFLOW = Path(sys.executable).parent / "sasflow"
 SKEW_HOOK = APPS / "skewed_clock"
-HANG_GUARD = 120.0  # seconds: a guard against hangs only, never a claim about speed
 # short enough for a quick test, long enough that a loaded machine's stalls do not
 # make a live worker look gone
 HEARTBEAT = 0.5
@@ -55,65 +55,29 @@ INTERVAL = 0.25
 SUPERVISOR_LEASE = max(3 * INTERVAL, 1.0)  # Supervisor.lease_ttl
 
 
-class Proc:
-    """A `sasflow worker` process and its log."""
-
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], log: Path) -> None:
-        self.name, self.popen, self.log = name, popen, log
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait(timeout=30)
-
-    def stop(self) -> None:
-        """SIGSTOP, and wait until the kernel shows it stopped."""
-        os.kill(self.popen.pid, signal.SIGSTOP)
-        wait_for("the worker to be stopped", lambda: _proc_state(self.popen.pid) == "T", [])
-
-    def resume(self) -> None:
-        os.kill(self.popen.pid, signal.SIGCONT)
-
-
-def _proc_state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2]
-
-
 class World:
     """The worker processes of one test; all killed at the end, whatever happened."""
 
     def __init__(self, root: Path, store: str) -> None:
         self.root, self.store = root, store
-        self.procs: list[Proc] = []
+        self.procs: list[Process] = []
 
     def spawn(self, name: str, *, env: dict[str, str] | None = None,
-              short_lease: bool = True, transport: str | None = None) -> Proc:
+              short_lease: bool = True, transport: str | None = None) -> Process:
         """A worker with every role; with `short_lease`, beating every HEARTBEAT s
         with a LEASE s lease, else with the defaults."""
-        log = self.root / f"{name}.log"
         lease = ["--heartbeat", str(HEARTBEAT), "--heartbeat-lease", str(LEASE)]
         over = ["--transport", transport] if transport else []
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [str(SASFLOW), "worker", APP, "--instance-id", name, "--store", self.store,
-                 "--supervisor-interval", str(INTERVAL), *(lease if short_lease else []),
-                 *over],
-                env=clean_env(**(env or {})), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT)
-        proc = Proc(name, popen, log)
+        proc = Process.spawn(
+            name, [str(SASFLOW), "worker", APP, "--instance-id", name, "--store", self.store,
+                   "--supervisor-interval", str(INTERVAL), *(lease if short_lease else []),
+                   *over],
+            self.root / f"{name}.log", env=clean_env(**(env or {})))
         self.procs.append(proc)
         return proc
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.popen.poll() is None:
-                os.kill(proc.popen.pid, signal.SIGKILL)  # ends a SIGSTOPped one too
-        for proc in self.procs:
-            proc.popen.wait(timeout=30)
+        kill_all(self.procs)
 
 
 def clean_env(**values: str) -> dict[str, str]:
@@ -122,7 +86,7 @@ def clean_env(**values: str) -> dict[str, str]:
     return env
 
 
-def wait_for(what: str, condition: Callable[[], T | None], procs: list[Proc],
+def wait_for(what: str, condition: Callable[[], T | None], procs: list[Process],
              timeout: float = HANG_GUARD) -> T:
     deadline = time.monotonic() + timeout
     while True:
@@ -326,12 +290,12 @@ def test_healthcheck_fails_for_a_frozen_worker_and_passes_once_it_is_thawed(
     worker = world.spawn("probed")
     wait_for("the healthcheck to pass", lambda: healthcheck(world.store, "probed").returncode
              == 0, [worker])
-    worker.stop()
+    worker.freeze()
     try:
         failed = wait_for("the healthcheck to fail for the frozen worker",
                           lambda: failing(healthcheck(world.store, "probed")), [worker])
     finally:
-        worker.resume()
+        worker.thaw()
     assert failed.stderr.count("\n") == 1 and "no heartbeat for" in failed.stderr, failed.stderr
     assert f"its lease is {LEASE:g}s" in failed.stderr
     wait_for("the healthcheck to pass again", lambda: healthcheck(

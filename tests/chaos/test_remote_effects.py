@@ -8,7 +8,8 @@ import pytest
 from chaosapp import ORDER
 
 from sasflow.examples.orders.remote import RemoteService
-from support.chaos import HANG_GUARD, Cluster
+from support.chaos import Cluster
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

@@ -20,8 +20,9 @@ import pytest
 from distapp import ORDER, STEP_AGENT
 
 from sasflow.examples.orders.remote import RemoteService
-from support.chaos import HANG_GUARD, Worker
+from support.chaos import Worker
 from support.dist import DistCluster, postgres_schema, private_transport
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

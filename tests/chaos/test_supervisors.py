@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 from chaosapp import HOLD
 
-from support.chaos import HANG_GUARD, Cluster
+from support.chaos import Cluster
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,6 +24,7 @@ from sasflow.model import Task, TaskState
 from sasflow.store import open_store
 from sasflow.store.postgres import PostgresStore
 from sasflow.store.postgres import _scripts as pg_migrations
+from support.process import Process
 from support.stores import PLANS, Clock, StoreFactory, new_task, submitted
 
 on_postgres = pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
@@ -309,7 +311,8 @@ async def test_an_app_runs_orders_to_the_end_on_postgres(make_store: StoreFactor
 
 
 @on_postgres
-async def test_the_order_example_runs_on_postgres(make_store: StoreFactory) -> None:
+async def test_the_order_example_runs_on_postgres(make_store: StoreFactory,
+                                                  tmp_path: Path) -> None:
     """The example app served by a `sasflow worker` on PostgreSQL: each order row
     commits with its task (E1), the payments agent reads the order from the same
     database (E4), a declined card is compensated, the others are processed."""
@@ -322,9 +325,10 @@ async def test_the_order_example_runs_on_postgres(make_store: StoreFactory) -> N
 
     def run() -> list[Task]:
         with RemoteService() as service:  # no faults: the outcome is exact
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "sasflow.cli", "worker",
-                 "sasflow.examples.orders.app:app", "--log-level", "warning"],
+            worker = Process.spawn(
+                "worker", [sys.executable, "-m", "sasflow.cli", "worker",
+                           "sasflow.examples.orders.app:app", "--log-level", "warning"],
+                tmp_path / "worker.log",
                 env={**os.environ, "SASFLOW_STORE": url, "SASFLOW_TRANSPORT": "memory",
                      "SASFLOW_DEMO_REMOTE": service.url})
             app = build_app(url)
@@ -333,8 +337,8 @@ async def test_the_order_example_runs_on_postgres(make_store: StoreFactory) -> N
                 return [app.wait(order.order_ref, timeout=60) for order in orders]
             finally:
                 app.close()
-                worker.terminate()
-                worker.wait(timeout=30)
+                if worker.stop(timeout=30) is None:
+                    pytest.fail(f"the worker did not stop on SIGTERM:\n{worker.tail()}")
 
     done = await asyncio.to_thread(run)
     assert [t.state for t in done] == [TaskState.PROCESSED] * 2 + [TaskState.COMPENSATED] + [

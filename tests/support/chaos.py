@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -27,14 +26,11 @@ import pytest
 
 from sasflow import App
 from support import APPS
+from support.process import Process, kill_all
 
 T = TypeVar("T")
 
 ALL_ROLES = ("scheduler", "agent", "supervisor")
-# How long a wait may last before it is called a hang: worker processes that start,
-# stall and recover on a loaded 2-core machine are slow, never this slow. No wait
-# here is a claim about speed; bench/ measures that.
-HANG_GUARD = 120.0
 
 
 @dataclass(frozen=True)
@@ -71,59 +67,9 @@ class History:
         return self.step is None and "expired" in (self.why or "")
 
 
-class Worker:
-    """A worker process running chaosapp.py with some roles."""
-
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], log: Path) -> None:
-        self.name = name  # also its instance id
-        self.popen = popen
-        self.log = log
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def signal(self, sig: signal.Signals) -> None:
-        os.kill(self.pid, sig)
-
-    def stop(self) -> float:
-        """SIGSTOP, and wait until the kernel shows it stopped; returns when it was."""
-        os.kill(self.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while self._proc_state() != "T":
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} did not stop on SIGSTOP")
-            time.sleep(0.001)
-        return time.time()
-
-    def resume(self) -> float:
-        """SIGCONT; returns a time before it could run again."""
-        at = time.time()
-        os.kill(self.pid, signal.SIGCONT)
-        return at
-
-    def _proc_state(self) -> str:
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2]
-
-    def kill(self) -> float:
-        """SIGKILL and reap; returns a time by which it was certainly dead."""
-        if self.alive:
-            os.kill(self.pid, signal.SIGKILL)
-        self.popen.wait(timeout=10)
-        return time.time()
-
-    def tail(self, lines: int = 400) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        except FileNotFoundError:
-            text = []
-        state = "running" if self.alive else f"exited {self.popen.returncode}"
-        return f"--- {self.name} (pid {self.pid}, {state}) ---\n" + "\n".join(text)
+class Worker(Process):
+    """A worker process running an application of apps/ with some roles; its name is
+    also its instance id."""
 
 
 class World:
@@ -147,11 +93,7 @@ class World:
 
     def close(self) -> None:
         try:
-            for worker in self.workers:
-                if worker.alive:
-                    os.kill(worker.pid, signal.SIGKILL)  # also ends a SIGSTOPped process
-            for worker in self.workers:
-                worker.popen.wait(timeout=10)
+            kill_all(self.workers)
         finally:
             self.app.close()
 
@@ -261,14 +203,11 @@ class Cluster(World):
             env[chaosapp.SLOW_ENV] = str(slow)
         if self.remote_url is not None:
             env[chaosapp.REMOTE_ENV] = self.remote_url
-        log = self.root / f"{name}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, str(APPS / script), "--store", self.store_url,
-                 "--instance-id", name, "--roles", ",".join(roles),
-                 "--concurrency", str(concurrency), "--interval", str(chaosapp.INTERVAL)],
-                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        worker = Worker(name, popen, log)
+        worker = Worker.spawn(
+            name, [sys.executable, str(APPS / script), "--store", self.store_url,
+                   "--instance-id", name, "--roles", ",".join(roles),
+                   "--concurrency", str(concurrency), "--interval", str(chaosapp.INTERVAL)],
+            self.root / f"{name}.log", env=env)
         self.workers.append(worker)
         return worker
 

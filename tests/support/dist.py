@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterable, Iterator
@@ -135,11 +134,8 @@ class DistCluster(World):
             command += ["--transport", self.transport_url]
         if agents is not None:
             command += ["--agents", ",".join(self.agent(a) for a in agents)]
-        log = self.root / f"{name}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                     stderr=subprocess.STDOUT, cwd=self.root)
-        worker = Worker(self.instance(name), popen, log)
+        worker = Worker.spawn(self.instance(name), command, self.root / f"{name}.log", env=env,
+                              cwd=self.root)
         self.workers.append(worker)
         return worker
 
