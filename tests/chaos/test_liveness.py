@@ -15,14 +15,11 @@ Every wait is for a positive signal, with a generous hang guard.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
-import socketserver
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,6 +34,7 @@ from sasflow.store import open_store
 from sasflow.store.base import HistoryEntry, Instance
 from support import APPS
 from support.dist import postgres_schema
+from support.faultproxy import FaultProxy
 from support.process import HANG_GUARD, Process, kill_all
 from support.servers import PrivatePostgres, free_port
 
@@ -219,56 +217,22 @@ def test_a_worker_started_while_postgres_is_down_works_once_it_is_back(
         server.close()
 
 
-class LateBroker:
-    """A door to the machine's RabbitMQ on a port of its own, closed until `open()`:
-    until then a connection to it is refused, as to a broker that is down."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self._server: socketserver.ThreadingTCPServer | None = None
-
-    def open(self) -> None:
-        class Forward(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                with socket.create_connection(("127.0.0.1", 5672)) as upstream:
-                    back = threading.Thread(target=_pump, args=(upstream, self.request),
-                                            daemon=True)
-                    back.start()
-                    _pump(self.request, upstream)
-                    back.join()
-
-        socketserver.ThreadingTCPServer.daemon_threads = True
-        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", self.port), Forward)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := source.recv(65536):
-            sink.sendall(data)
-    with contextlib.suppress(OSError):
-        sink.shutdown(socket.SHUT_WR)
-
-
 def test_a_worker_started_while_rabbitmq_is_down_works_once_it_is_back(
         sqlite_world: tuple[World, App], rabbitmq_server: str) -> None:
     """The broker refuses connections at start-up: the worker waits for it (its client
     alone used to give up, and the worker exited), then runs tasks once it answers."""
     world, _ = sqlite_world
     namespace = f"-{uuid.uuid4().hex[:8]}"
-    broker = LateBroker()
+    # a door to the machine's RabbitMQ on a port of its own, closed until it listens:
+    # until then a connection to it is refused, as to a broker that is down
+    broker = FaultProxy(5672, port=free_port(), listening=False)
     try:
         worker = world.spawn("waiting", env={NAMESPACE_ENV: namespace}, short_lease=False,
                              transport=f"amqp://guest:guest@127.0.0.1:{broker.port}/"
                                        "?queue_expires=60")
         wait_for("the worker to find the broker down",
                  lambda: "Connect call failed" in worker.text(), [worker])
-        broker.open()
+        broker.listen()
         app = build_app(world.store, namespace)
         try:
             tasks = [app.submit(QUICK, {"n": n}) for n in range(3)]

@@ -53,10 +53,16 @@ class _Link:
 
 
 class FaultProxy:
-    """Forwards 127.0.0.1:`port` to `target_host`:`target_port`, in the mode the test sets."""
+    """Forwards 127.0.0.1:`port` to `target_host`:`target_port`, in the mode the test sets.
 
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+    `port` is the kernel's pick unless given; with `listening=False` nothing listens on
+    it until `listen()`: a connection is refused meanwhile, as by a server that is down.
+    """
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1", *, port: int = 0,
+                 listening: bool = True) -> None:
         self.target = (target_host, target_port)
+        self.port = port
         self.mode: Mode = "pass"
         self.connections = 0  # accepted so far
         self.forwarded = 0  # connections opened to the server
@@ -68,14 +74,21 @@ class FaultProxy:
         self._loop = asyncio.new_event_loop()
         self._requests = asyncio.Event()  # set: the client's bytes flow to the server
         self._answers = asyncio.Event()  # set: the server's bytes flow to the client
+        self._requests.set()
+        self._answers.set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy",
                                         daemon=True)
         self._thread.start()
-        self.port: int = self._call(self._start())
+        if listening:
+            self.listen()
 
     # ------------------------------------------------------------ the test's side
+    def listen(self) -> None:
+        """Accept connections on `port` from now on."""
+        self.port = self._call(self._start(self.port))
+
     def set_mode(self, mode: Mode) -> None:
         """Switch mode; returns once the proxy acts on it (reset: connections are gone)."""
         self._call(self._set_mode(mode))
@@ -118,12 +131,10 @@ class FaultProxy:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
 
     # ------------------------------------------------------------ the loop's side
-    async def _start(self) -> int:
-        self._requests.set()
-        self._answers.set()
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+    async def _start(self, port: int) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port)
+        bound: int = self._server.sockets[0].getsockname()[1]
+        return bound
 
     async def _stop(self) -> None:
         """Reset every connection and end every task: no socket outlives the loop."""
