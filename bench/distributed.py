@@ -310,7 +310,7 @@ def measure_tp(a: argparse.Namespace) -> dict[str, Any]:
                 async def submit_all() -> list[str]:
                     return [await app.asubmit(WORKFLOW, task_input) for _ in range(a.n)]
 
-                ids = app._portal.run(submit_all())  # no scheduler yet: nothing is claimed
+                ids = app._loop.run(submit_all())  # no scheduler yet: nothing is claimed
                 t0 = time.perf_counter()
                 app.start(**options)
                 wait_all_terminal(d.store_url, a.n)

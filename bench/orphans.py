@@ -32,10 +32,10 @@ async def measure(url: str, locked: int, repeat: int) -> dict[str, Any]:
     app = App(store=url)
     app.agent("x")(lambda req: None)
     app.workflow("w", [Step("a", agent="x", timeout=300.0)])
-    store, plans = app.store, app.plans()
+    store, plans = app._store, app._plans()
     try:
         for first in range(0, locked, SUBMIT_BATCH):
-            await asyncio.gather(*(store.submit(app.new_task("w", None, task_id=f"t{n}"))
+            await asyncio.gather(*(store.submit(app._new_task("w", None, task_id=f"t{n}"))
                                    for n in range(first, min(first + SUBMIT_BATCH, locked))))
         await store.beat(Instance(instance_id="alive", host="h", pid=os.getpid(), roles=[],
                                   agents=[], workflows={}, lease=3600.0), first=True)

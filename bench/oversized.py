@@ -46,8 +46,8 @@ async def measure(transport: str, window: float) -> dict[str, Any]:
     task = await app.aget("t1")
     worker.cancel()
     await asyncio.gather(worker, return_exceptions=True)
-    await app.store.close()
-    await app.transport.close()
+    await app._store.close()
+    await app._transport.close()
     return {"transport": transport.split(":")[0], "calls": calls, "cpu_s": round(cpu, 2),
             "window_s": window, "state": task.state.value, "error": task.error}
 

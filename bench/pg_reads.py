@@ -45,9 +45,9 @@ def measure(n: int, rounds: int) -> dict[str, Any]:
 
         try:
             for _ in range(rounds):
-                took, ids = app._portal.run(submits())
+                took, ids = app._loop.run(submits())
                 samples["asubmit"].append(per_call_us(took, n))
-                samples["aget"].append(per_call_us(app._portal.run(reads(ids)), n))
+                samples["aget"].append(per_call_us(app._loop.run(reads(ids)), n))
                 t0 = time.perf_counter()
                 for _ in range(n):
                     app.submit(WORKFLOW, None)

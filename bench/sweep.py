@@ -140,7 +140,7 @@ def cached_store(n: int) -> tuple[str, float, bool, float]:
 async def time_expired_sweep(path: str, n: int) -> dict[str, Any]:
     app = make_app(C.store_url(path))
     store = open_store(C.store_url(path))
-    supervisor = Supervisor(store, app.plans(), instance_id="bench-sweeper", batch=BATCH)
+    supervisor = Supervisor(store, app._plans(), instance_id="bench-sweeper", batch=BATCH)
     try:
         t0 = time.perf_counter()
         recovered = await supervisor.sweep()
@@ -156,7 +156,7 @@ async def time_none_expired(path: str, before_all: float) -> dict[str, Any]:
     the locked tasks are there but none has expired."""
     app = make_app(C.store_url(path))
     store = open_store(C.store_url(path), clock=lambda: before_all)
-    supervisor = Supervisor(store, app.plans(), instance_id="bench-sweeper", batch=BATCH)
+    supervisor = Supervisor(store, app._plans(), instance_id="bench-sweeper", batch=BATCH)
     expired_ms, sweep_ms = [], []
     try:
         for _ in range(NONE_RUNS):

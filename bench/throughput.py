@@ -94,10 +94,10 @@ def _presubmitted(a: argparse.Namespace, app: Any, path: str, task_input: Any
     async def wait_all() -> list[Any]:  # in the roles' own loop: no client thread at all
         return [await app.await_(i, timeout=STUCK_S) for i in ids]
 
-    ids = app._portal.run(submit_all())  # no roles running yet: nothing is claimed
+    ids = app._loop.run(submit_all())  # no roles running yet: nothing is claimed
     t0 = time.perf_counter()
     app.start(concurrency=a.concurrency)
-    tasks = app._portal.run(wait_all())
+    tasks = app._loop.run(wait_all())
     elapsed = time.perf_counter() - t0
     app.stop()
     C.remove_db(path)

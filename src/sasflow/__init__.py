@@ -18,6 +18,7 @@ from sasflow.errors import (
     UnknownWorkflowError,
     WaitTimeout,
 )
+from sasflow.messages import Status, StatusEvent
 from sasflow.model import StepState, Task, TaskState
 from sasflow.workflow import Step
 
@@ -30,6 +31,8 @@ __all__ = [
     "PayloadError",
     "PermanentError",
     "SasflowError",
+    "Status",
+    "StatusEvent",
     "Step",
     "StepState",
     "StoreError",

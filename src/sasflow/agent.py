@@ -72,13 +72,38 @@ class AgentRequest:
         self.attempt = attempt  # 1, 2, ... within this dispatch of the step
         self._clock = clock
 
-    task_id = property(lambda self: self._message.task_id)
-    step = property(lambda self: self._message.step)
-    input = property(lambda self: self._message.input)
-    results = property(lambda self: self._message.results)  # earlier steps', by name
-    result = property(lambda self: self._message.result)  # compensators: the step's result
-    idempotency_key = property(lambda self: self._message.idempotency_key)
-    compensating = property(lambda self: self._message.phase is Phase.UNDO)
+    @property
+    def task_id(self) -> str:
+        return self._message.task_id
+
+    @property
+    def step(self) -> str:
+        return self._message.step
+
+    @property
+    def input(self) -> Any:
+        """The task's input, as submitted (any JSON value)."""
+        return self._message.input
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """The earlier steps' results, by step name."""
+        return self._message.results
+
+    @property
+    def result(self) -> Any:
+        """For a compensator: the result of the step it undoes (else None)."""
+        return self._message.result
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable for the step across every attempt and every redelivery."""
+        return self._message.idempotency_key
+
+    @property
+    def compensating(self) -> bool:
+        """True when this call is a compensator's (undoing the step)."""
+        return self._message.phase is Phase.UNDO
 
     @property
     def complete_by(self) -> datetime:

@@ -11,6 +11,7 @@ broker somewhere downstream (R3, U7).
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Any
 
 import msgspec
@@ -22,6 +23,7 @@ __all__ = [
     "Reply",
     "Request",
     "Status",
+    "StatusEvent",
     "decode_reply",
     "decode_request",
     "encode",
@@ -60,15 +62,24 @@ class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     permanent: bool = False  # a nontransient fault (S6); else the agent gave up retrying
 
 
-class Status(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Progress of a task, sent to the queue the application named (E11).
+class StatusEvent(StrEnum):
+    """What a status message reports. A `str` enum: `status.event == "processed"`
+    still holds, and the wire carries the plain string."""
 
-    event: received, step_completed, processed, error, compensating, compensated,
-    cancelled.
-    """
+    RECEIVED = "received"  # the task is stored: it will run
+    STEP_COMPLETED = "step_completed"  # `step` finished; its result is stored
+    PROCESSED = "processed"  # every step completed
+    ERROR = "error"  # stopped for an operator (E8); `error` says why
+    COMPENSATING = "compensating"  # undoing its completed steps, last first; `error` why
+    COMPENSATED = "compensated"  # every completed step undone
+    CANCELLED = "cancelled"  # stopped by an operator, nothing undone
+
+
+class Status(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Progress of a task, sent to the queue the application named (E11)."""
 
     task_id: str
-    event: str
+    event: StatusEvent
     state: str
     at: float
     step: str | None = None

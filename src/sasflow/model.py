@@ -29,7 +29,9 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "CLAIMABLE_TASK_STATES",
     "TERMINAL_TASK_STATES",
+    "UNFINISHED_TASK_STATES",
     "CompensationRecord",
     "Phase",
     "StepRecord",
@@ -37,8 +39,10 @@ __all__ = [
     "Task",
     "TaskState",
     "can_move",
+    "claimable",
     "idempotency_key",
     "isoformat",
+    "terminal",
 ]
 
 
@@ -68,9 +72,35 @@ class Phase(enum.StrEnum):
     UNDO = "undo"
 
 
+# The two predicates every layer asks, defined here once. The stores' SQL spells them
+# from these constants (store/sql.py CLAIMABLE_SQL; the partial index tasks_claimable
+# in the migrations is checked against it by tests/unit/test_model.py).
+
+# A task no scheduler holds is taken up (claimed) in these states: pending runs its
+# next step, compensating its next undo (E3, S9). In this order in SQL text: SQLite
+# uses a partial index only for a query whose WHERE repeats the index's own terms.
+CLAIMABLE_TASK_STATES: tuple[TaskState, ...] = (TaskState.PENDING, TaskState.COMPENSATING)
+
 TERMINAL_TASK_STATES = frozenset(
     {TaskState.PROCESSED, TaskState.ERROR, TaskState.COMPENSATED, TaskState.CANCELLED}
 )
+
+# Work still to be done by some worker (the census of incidents, R4).
+UNFINISHED_TASK_STATES: tuple[TaskState, ...] = (
+    TaskState.PENDING, TaskState.PROCESSING, TaskState.COMPENSATING)
+
+
+def claimable(state: TaskState, locked_by: str | None) -> bool:
+    """Whether a scheduler may claim a task in `state` held by `locked_by` (once its
+    available-at time has come): nobody holds it and it has a unit to run."""
+    return locked_by is None and state in CLAIMABLE_TASK_STATES
+
+
+def terminal(state: TaskState) -> bool:
+    """Whether a task in `state` is done with: nothing runs it any more, and waiters
+    return (only an operator moves a task out of error, E8)."""
+    return state in TERMINAL_TASK_STATES
+
 
 _T = TaskState
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
@@ -144,6 +174,7 @@ class CompensationRecord(msgspec.Struct, kw_only=True):
     failure_count: int = 0
     complete_by: float | None = None
     idempotency_key: str = ""
+    result: Any = None  # what the compensator returned (stored; not shown)
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -200,6 +231,7 @@ class Task(msgspec.Struct, kw_only=True):
     cursor: int = 0  # the step being run, or undone
     locked_by: str | None = None
     complete_by: float | None = None
+    available_at: float = 0.0  # a scheduler may claim it from then on (backoff, park)
     failure_count: int = 0
     epoch: int = 0
     reply_to: str | None = None
@@ -213,7 +245,7 @@ class Task(msgspec.Struct, kw_only=True):
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_TASK_STATES
+        return terminal(self.state)
 
     def step(self, name: str) -> StepRecord:
         for s in self.steps:

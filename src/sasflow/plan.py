@@ -2,8 +2,10 @@
 
 Given a workflow, a snapshot of a task and what just happened (a claim, an
 agent's reply, an expiry, an operator's request), the planner returns the one
-Transition to apply, and updates the snapshot to what the task will be once it
-applies. No I/O and no clock of its own: `now` is passed in. The scheduler, the
+Transition to apply: the task's new values and each touched unit's complete new
+row, computed from the snapshot, which it leaves as it was
+(`transition.applied(task, t)` is the task once it applies). No I/O and no clock
+of its own: `now` is passed in. The scheduler, the
 supervisor and the operator commands all decide here, so the rules of the
 pattern (S2, S6, S8, S9, E8, E9) live in one place.
 
@@ -27,9 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from sasflow.errors import InvalidTransitionError
 from sasflow.model import (
-    CompensationRecord,
     Phase,
     StepRecord,
     StepState,
@@ -38,7 +41,7 @@ from sasflow.model import (
     can_move,
     idempotency_key,
 )
-from sasflow.transition import Transition, UnitChange
+from sasflow.transition import Transition, UnitChange, put_unit
 from sasflow.workflow import OnFailure, Workflow, workflow_version
 
 __all__ = ["Plan", "task_version"]
@@ -54,7 +57,11 @@ def task_version(task: Task) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A workflow plus which of its agents can undo their work."""
+    """A workflow plus which of its agents can undo their work: decides each of its
+    tasks' Transitions, never changing the snapshot it is given.
+
+    (Each decision works on a private draft of the snapshot: `_draft`.)
+    """
 
     workflow: Workflow
     compensable: frozenset[str]  # agents that declared a compensator
@@ -63,6 +70,7 @@ class Plan:
     def claim(self, task: Task, owner: str, now: float) -> Transition:
         """A scheduler takes an unlocked pending or compensating task (E3)."""
         self._same_shape(task, "claim")
+        task = _draft(task)
         fence = _Fence(task, owner=None, claim=True)
         if task.state is TaskState.PENDING:
             return self._run_step(task, fence, owner, now, why="claimed")
@@ -76,18 +84,18 @@ class Plan:
         counts like an expiry, only sooner.
         """
         self._same_shape(task, "apply a reply to")
+        task = _draft(task)
         fence = _Fence(task, owner=owner)
         name = task.steps[task.cursor].name
         if not ok and not permanent:
             return self._failed_attempt(task, fence, owner, now, f"agent gave up: {error}")
         if task.state is TaskState.COMPENSATING:
             if not ok:
-                failed = self._undo_unit(task, StepState.FAILED, error=error)
-                return self._error(task, fence, owner, now, [failed],
+                return self._error(task, fence, owner, now,
+                                   self._undo_unit(task, StepState.FAILED, error=error),
                                    f"compensation of {name} failed: {error}")
-            done = self._undo_unit(task, StepState.COMPENSATED, result=result)
-            task.steps[task.cursor].state = StepState.COMPENSATED
-            return self._undo_from(task, task.cursor - 1, fence, owner, now, units=[done],
+            undone = self._undo_unit(task, StepState.COMPENSATED, result=result)
+            return self._undo_from(task, task.cursor - 1, fence, owner, now, units=undone,
                                    why=f"{name} compensated")
         if not ok:
             failed = self._unit(task, StepState.FAILED, error=error)
@@ -111,15 +119,16 @@ class Plan:
     def release(self, task: Task, owner: str, now: float) -> Transition:
         """A scheduler shutting down hands its task back, counting no failure."""
         self._same_shape(task, "release")
+        task = _draft(task)
         fence = _Fence(task, owner=owner)
         undoing = task.state is TaskState.COMPENSATING
         name = task.steps[task.cursor].name
         if undoing:
-            unit = self._undo_unit(task, StepState.PENDING)
+            units = self._undo_unit(task, StepState.PENDING)
         else:
-            unit = self._unit(task, StepState.PENDING)
+            units = [self._unit(task, StepState.PENDING)]
         return self._move(task, fence, task.state if undoing else TaskState.PENDING, owner, now,
-                          units=[unit], locked_by=None, available_at=now,
+                          units=units, locked_by=None, available_at=now,
                           why=f"{name}: released by {owner} on shutdown")
 
     # ------------------------------------------------------------ supervisor
@@ -132,6 +141,7 @@ class Plan:
         unit with a complete-by that has passed already, and an expiry decided on
         the old unit must not then rewind the task to it.
         """
+        task = _draft(task)
         fence = _Fence(task, owner=task.locked_by, expired_before=now)
         return self._failed_attempt(task, fence, supervisor, now, "expired")
 
@@ -146,6 +156,7 @@ class Plan:
         worker that runs it must reach the workflow's threshold rather than be
         retried for ever.
         """
+        task = _draft(task)
         fence = _Fence(task, owner=task.locked_by)
         return self._failed_attempt(task, fence, supervisor, now,
                                     f"holder {task.locked_by} lost its heartbeat lease")
@@ -160,16 +171,16 @@ class Plan:
         why = f"{'compensation of ' if undoing else ''}{name}: {how} ({failures}x)"
         if failures < self.workflow.max_failures:
             if undoing:
-                unit = self._undo_unit(task, StepState.PENDING, failed=True)
+                units = self._undo_unit(task, StepState.PENDING, failed=True)
             else:
-                unit = self._unit(task, StepState.PENDING, failed=True)
+                units = [self._unit(task, StepState.PENDING, failed=True)]
             return self._move(task, fence, task.state if undoing else TaskState.PENDING,
-                              actor, now, units=[unit], locked_by=None,
+                              actor, now, units=units, locked_by=None,
                               available_at=now + self.workflow.release_delay(failures),
                               why=f"{why}: released")
         if undoing:
-            unit = self._undo_unit(task, StepState.FAILED, failed=True, error=how)
-            return self._error(task, fence, actor, now, [unit],
+            units = self._undo_unit(task, StepState.FAILED, failed=True, error=how)
+            return self._error(task, fence, actor, now, units,
                                f"{why}: compensation exhausted its retries")
         policy = self.workflow.on_failure
         if policy is OnFailure.PARK:
@@ -192,6 +203,7 @@ class Plan:
         """Resubmit the failed step (or failed compensation) of a task in error."""
         self._allow(task, TaskState.PENDING, "retry")
         self._same_shape(task, "retry")
+        task = _draft(task)
         fence = _Fence(task, owner=task.locked_by)
         record = task.steps[task.cursor]
         undoing = task.phase is Phase.UNDO
@@ -206,11 +218,11 @@ class Plan:
                 f" {record.name!r}", task_id=task.task_id, step=step)
         task.failure_count, task.error = 0, None
         if undoing:
-            unit = self._undo_unit(task, StepState.PENDING, reset=True)
+            units = self._undo_unit(task, StepState.PENDING, reset=True)
         else:
-            unit = self._unit(task, StepState.PENDING, reset=True)
+            units = [self._unit(task, StepState.PENDING, reset=True)]
         return self._move(task, fence, TaskState.COMPENSATING if undoing else TaskState.PENDING,
-                          "operator", now, units=[unit], locked_by=None, available_at=now,
+                          "operator", now, units=units, locked_by=None, available_at=now,
                           why=f"operator retry of {record.name}")
 
     def compensate(self, task: Task, now: float) -> Transition:
@@ -221,6 +233,7 @@ class Plan:
                 task_id=task.task_id)
         self._allow(task, TaskState.COMPENSATING, "compensate")
         self._same_shape(task, "compensate")
+        task = _draft(task)
         fence = _Fence(task, owner=task.locked_by)
         record = task.steps[task.cursor]
         units = []
@@ -238,14 +251,15 @@ class Plan:
     def cancel(self, task: Task, now: float) -> Transition:
         """Stop the task where it is, undoing nothing."""
         self._allow(task, TaskState.CANCELLED, "cancel")
+        task = _draft(task)
         fence = _Fence(task, owner=task.locked_by)
-        units = []
+        units: list[UnitChange] = []
         record = task.steps[task.cursor]
         why = "cancelled by the operator after it started"
         if task.phase is Phase.UNDO:
             if record.compensation is not None and (
                     record.compensation.state is StepState.RUNNING):
-                units.append(self._undo_unit(task, StepState.FAILED, error=why))
+                units.extend(self._undo_unit(task, StepState.FAILED, error=why))
         elif _may_have_run(record):  # running, or released after a dispatch: in doubt
             units.append(self._unit(task, StepState.FAILED, in_doubt=True, error=why))
         return self._move(task, fence, TaskState.CANCELLED, "operator", now, units=units,
@@ -293,17 +307,18 @@ class Plan:
                 f"{what}: version {target} has no step left to run after"
                 f" {', '.join(n for n, _ in declared)}; finish it on a worker of version"
                 f" {current}, or cancel it", task_id=task.task_id)
+        task = _draft(task)
         fence = _Fence(task, owner=None)
         units = [UnitChange(index=i, phase=Phase.DO, name=step.name, agent=step.agent,
                             idempotency_key=idempotency_key(task.task_id, step.name),
                             state=StepState.PENDING)
                  for i, step in enumerate(self.workflow.steps) if i >= kept]
-        del task.steps[kept:]
-        task.steps.extend(StepRecord(name=u.name, agent=u.agent, state=StepState.PENDING,
-                                     idempotency_key=u.idempotency_key) for u in units)
+        del task.steps[len(declared):]
+        for unit in units:
+            put_unit(task.steps, unit)
+        task.version = target
         transition = self._move(task, fence, task.state, "operator", now, units=units,
                                 why=f"operator migrated it from version {current} to {target}")
-        transition.version, task.version = target, target
         if len(held) > len(declared):
             transition.steps_from = len(declared)
         return transition
@@ -365,7 +380,7 @@ class Plan:
             return self._move(task, fence, TaskState.COMPENSATING, who, now, units=units,
                               locked_by=None, available_at=now, why=why, events=events)
         deadline = now + self.workflow.steps[index].timeout
-        units.append(self._undo_unit(task, StepState.RUNNING, started=True,
+        units.extend(self._undo_unit(task, StepState.RUNNING, started=True,
                                      complete_by=deadline))
         return self._move(task, fence, TaskState.COMPENSATING, owner, now, units=units,
                           locked_by=owner, complete_by=deadline, events=events,
@@ -394,51 +409,49 @@ class Plan:
               failed: bool = False, reset: bool = False, complete_by: float | None = None,
               result: Any = None, error: str | None = None,
               in_doubt: bool = False) -> UnitChange:
-        """A change to the step at the cursor, mirrored into the snapshot."""
+        """The new row of the step at the cursor, put into the draft: a new dispatch
+        counts an attempt, a failed one a failure; the result is the step's own."""
         record = task.steps[task.cursor]
-        previous = record.state
-        record.state, record.error = state, error
-        record.in_doubt = record.in_doubt or in_doubt
-        record.attempts += started
-        record.failure_count = 0 if reset else record.failure_count + failed
-        if complete_by is not None:
-            record.complete_by = complete_by
-        change = UnitChange(index=task.cursor, phase=Phase.DO, name=record.name,
-                            agent=record.agent, idempotency_key=record.idempotency_key,
-                            state=state, from_state=previous, started=started, failed=failed,
-                            reset_failures=reset,
-                            complete_by=complete_by, error=error, in_doubt=in_doubt)
-        if state is StepState.COMPLETED:
-            record.result = change.result = result
+        change = UnitChange(
+            index=task.cursor, phase=Phase.DO, name=record.name, agent=record.agent,
+            idempotency_key=record.idempotency_key, state=state,
+            attempts=record.attempts + started,
+            failure_count=0 if reset else record.failure_count + failed,
+            complete_by=record.complete_by if complete_by is None else complete_by,
+            result=result if state is StepState.COMPLETED else record.result, error=error,
+            in_doubt=record.in_doubt or in_doubt, from_state=record.state)
+        put_unit(task.steps, change)
         return change
 
     def _undo_unit(self, task: Task, state: StepState, *, started: bool = False,
                    failed: bool = False, reset: bool = False, complete_by: float | None = None,
-                   result: Any = None, error: str | None = None) -> UnitChange:
-        """A change to the compensation of the step at the cursor (its own unit, S9)."""
+                   result: Any = None, error: str | None = None) -> list[UnitChange]:
+        """The new row of the compensation of the step at the cursor (its own unit, S9),
+        and the step's own row, which shows where its undo stands; put into the draft."""
         record = task.steps[task.cursor]
         undo = record.compensation
-        previous = undo.state if undo is not None else None
-        if undo is None:
-            undo = record.compensation = CompensationRecord(
-                state=state,
-                idempotency_key=idempotency_key(task.task_id, record.name, Phase.UNDO))
-        undo.state, undo.error = state, error
-        undo.attempts += started
-        undo.failure_count = 0 if reset else undo.failure_count + failed
-        if complete_by is not None:
-            undo.complete_by = complete_by
-        # the step itself shows where its undo stands
-        record.state = StepState.COMPENSATED if state is StepState.COMPENSATED else (
+        change = UnitChange(
+            index=task.cursor, phase=Phase.UNDO, name=record.name, agent=record.agent,
+            idempotency_key=undo.idempotency_key if undo is not None else idempotency_key(
+                task.task_id, record.name, Phase.UNDO),
+            state=state, attempts=(undo.attempts if undo else 0) + started,
+            failure_count=0 if reset else (undo.failure_count if undo else 0) + failed,
+            complete_by=complete_by if complete_by is not None else (
+                undo.complete_by if undo else None),
+            result=result if state is StepState.COMPENSATED else (
+                undo.result if undo else None),
+            error=error, from_state=undo.state if undo is not None else None)
+        shown = StepState.COMPENSATED if state is StepState.COMPENSATED else (
             StepState.COMPENSATING)
-        change = UnitChange(index=task.cursor, phase=Phase.UNDO, name=record.name,
-                            agent=record.agent, idempotency_key=undo.idempotency_key,
-                            state=state, from_state=previous, started=started, failed=failed,
-                            reset_failures=reset,
-                            complete_by=complete_by, error=error)
-        if state is StepState.COMPENSATED:
-            change.result = result
-        return change
+        step = UnitChange(
+            index=task.cursor, phase=Phase.DO, name=record.name, agent=record.agent,
+            idempotency_key=record.idempotency_key, state=shown, attempts=record.attempts,
+            failure_count=record.failure_count, complete_by=record.complete_by,
+            result=record.result, error=record.error, in_doubt=record.in_doubt,
+            from_state=record.state, in_history=False)
+        put_unit(task.steps, change)
+        put_unit(task.steps, step)
+        return [change, step]
 
     def _allow(self, task: Task, target: TaskState, action: str) -> None:
         if not can_move(task.state, target):
@@ -451,18 +464,25 @@ class Plan:
               events: list[Event] | None = None, complete_by: float | None = None,
               available_at: float | None = None) -> Transition:
         """The Transition that moves `task` to `state`, fenced on how it was read."""
-        transition = Transition(
+        return Transition(
             task_id=task.task_id, actor=actor, why=why, epoch=fence.epoch,
             from_state=fence.state, owner=fence.owner, from_phase=fence.phase,
-            from_cursor=fence.cursor, expired_before=fence.expired_before,
+            from_cursor=fence.cursor, from_version=fence.version,
+            expired_before=fence.expired_before,
             state=state, phase=task.phase, cursor=task.cursor, locked_by=locked_by,
-            complete_by=complete_by, available_at=available_at,
+            complete_by=complete_by,
+            available_at=task.available_at if available_at is None else available_at,
             failure_count=task.failure_count,
-            error=None if state is TaskState.PROCESSED else task.error, claim=fence.claim,
+            error=None if state is TaskState.PROCESSED else task.error,
+            new_epoch=fence.epoch + fence.claim, version=task.version,
             units=units or [], events=events or [], reply_to=task.reply_to)
-        task.state, task.locked_by, task.complete_by = state, locked_by, complete_by
-        task.epoch = fence.epoch + fence.claim
-        return transition
+
+
+def _draft(task: Task) -> Task:
+    """A copy of `task` for a decision to work on. Its step list is its own; the
+    records in it are replaced (transition.put_unit), never changed, so they are
+    shared with `task` until then."""
+    return msgspec.structs.replace(task, steps=list(task.steps))
 
 
 def _names(shape: list[tuple[str, str]]) -> str:
@@ -479,10 +499,12 @@ def _may_have_run(record: StepRecord) -> bool:
 class _Fence:
     """How the task was read: the transition applies only if it is still so."""
 
-    __slots__ = ("claim", "cursor", "epoch", "expired_before", "owner", "phase", "state")
+    __slots__ = ("claim", "cursor", "epoch", "expired_before", "owner", "phase", "state",
+                 "version")
 
     def __init__(self, task: Task, *, owner: str | None, claim: bool = False,
                  expired_before: float | None = None) -> None:
         self.epoch, self.state, self.owner = task.epoch, task.state, owner
         self.phase, self.cursor = task.phase, task.cursor  # the unit it was read at
+        self.version = task.version  # and the shape it was planned for
         self.claim, self.expired_before = claim, expired_before

@@ -24,7 +24,7 @@ from sasflow.outage import Repeats
 from sasflow.plan import Plan
 from sasflow.store.base import Store
 from sasflow.testing import failpoints
-from sasflow.transition import Transition
+from sasflow.transition import Transition, applied
 from sasflow.transport.base import Transport, agent_queue, reply_queue
 from sasflow.transport.dead_letter import decoded
 
@@ -183,7 +183,8 @@ class Scheduler:
             self._held.pop(task.task_id, None)
             raise
         finally:
-            if task.locked_by != self.instance_id:
+            held = self._held.get(task.task_id)
+            if held is None or held.locked_by != self.instance_id:
                 self._held.pop(task.task_id, None)
 
     async def _run_units(self, task: Task, plan: Plan, loop: asyncio.AbstractEventLoop) -> None:
@@ -201,15 +202,18 @@ class Scheduler:
             else:
                 reply = await self._exchange(request, body, loop)
             if reply is None:  # E7: the record stays as it is, expired; the supervisor acts
-                task.locked_by = None
+                self._held.pop(task.task_id, None)
                 return
             if failpoints.ARMED: await failpoints.hit("scheduler.before_apply_reply")  # noqa: E701
             transition = plan.reply(task, self.instance_id, reply.ok, reply.result, reply.error,
                                     self.store.now(), permanent=reply.permanent)
+            # held as it will be once the write applies: a stop that comes while the write
+            # is on its way (and commits) releases the task from there
+            task = self._held[task.task_id] = applied(task, transition)
             if not await self.store.apply(transition):
                 log.info("task %s was taken away (epoch %s): letting go", task.task_id,
                          transition.epoch)
-                task.locked_by = None
+                self._held.pop(task.task_id, None)
                 return
             self.on_applied(transition)
 

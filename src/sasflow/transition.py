@@ -6,10 +6,21 @@ only if the task still has the epoch, state, owner and position (phase and
 cursor) it was computed from (the fence, DESIGN invariants 2 and 4); otherwise
 nothing at all is written.
 
+The version is part of the fence because a transition writes the version it
+read (it carries values, see below), and a migration changes the version and the
+steps and nothing else of the fence.
+
 The position is part of the fence because a scheduler holding a task moves it
 from unit to unit within one epoch, state and owner: a write planned from a read
 of the unit before (a supervisor's expiry, an operator's action) must not land on
 the unit after, rolling a committed step back to be run again.
+
+A Transition carries results, not deltas: the task's new values and each touched
+unit's complete new row, computed once by the planner from the snapshot it read.
+A store writes them as they are, under the fence, so writing the same Transition
+again changes nothing; `applied` says what they make of a snapshot, and is the
+one definition of that (the planner, the in-memory store and the model test use
+it; the SQL stores write the same values column for column).
 """
 
 from __future__ import annotations
@@ -18,15 +29,14 @@ from typing import Any
 
 import msgspec
 
-from sasflow.model import Phase, StepState, TaskState
+from sasflow.model import CompensationRecord, Phase, StepRecord, StepState, Task, TaskState
 
-__all__ = ["UNSET", "LeaseFence", "Transition", "UnitChange"]
-
-UNSET: Any = msgspec.UNSET
+__all__ = ["LeaseFence", "Transition", "UnitChange", "applied", "put_unit"]
 
 
 class UnitChange(msgspec.Struct, kw_only=True):
-    """A change to one unit of work: a step (phase do) or its compensation (undo)."""
+    """The complete new row of one unit of work: a step (phase do) or its
+    compensation (undo)."""
 
     index: int
     phase: Phase
@@ -34,14 +44,16 @@ class UnitChange(msgspec.Struct, kw_only=True):
     agent: str
     idempotency_key: str
     state: StepState
-    from_state: StepState | None = None  # for the history
-    started: bool = False  # a new dispatch: attempts + 1
-    failed: bool = False  # one more failure: failure_count + 1
-    reset_failures: bool = False  # operator retry: failure_count = 0
+    attempts: int = 0
+    failure_count: int = 0
     complete_by: float | None = None
-    result: Any = UNSET  # kept unless given
+    result: Any = None
     error: str | None = None
-    in_doubt: bool = False
+    in_doubt: bool = False  # (a step's: its effect may have happened)
+    # for the history: the state the unit moved from, and whether this is a move of
+    # its own (False: a step's row showing where its compensation stands, S9)
+    from_state: StepState | None = None
+    in_history: bool = True
 
 
 class LeaseFence(msgspec.Struct, frozen=True):
@@ -53,7 +65,8 @@ class LeaseFence(msgspec.Struct, frozen=True):
 
 
 class Transition(msgspec.Struct, kw_only=True):
-    """A fenced change to one task, with its units, history, status and alert."""
+    """A fenced change to one task: its new values, its units' new rows, and the
+    history, status and alert that go with it."""
 
     task_id: str
     actor: str  # who: a scheduler/supervisor instance id, or "operator"
@@ -64,6 +77,7 @@ class Transition(msgspec.Struct, kw_only=True):
     owner: str | None  # locked_by must equal this (None: must be unlocked)
     from_phase: Phase  # and the unit at the cursor the same one: phase...
     from_cursor: int  # ... and cursor as read
+    from_version: str | None  # and the version (a migration changes it, nothing else)
     expired_before: float | None = None  # and complete_by < this (supervisor)
     lease: LeaseFence | None = None  # and the supervisors' lease still held (M3)
     # the task's new values
@@ -72,17 +86,62 @@ class Transition(msgspec.Struct, kw_only=True):
     cursor: int
     locked_by: str | None
     complete_by: float | None = None
-    available_at: float | None = None  # claimable from then on; None keeps it
+    available_at: float  # claimable from then on (if claimable at all)
     failure_count: int
     error: str | None = None
-    claim: bool = False  # a claim: epoch + 1
+    new_epoch: int  # the epoch, one more on a claim (the fencing token)
+    version: str | None  # of its workflow (plan.Plan.migrate changes it)
     units: list[UnitChange] = msgspec.field(default_factory=list)
+    # a migration to a shape with fewer steps: step rows (phase do) from this index on
+    # are dropped (disjoint from the units, which end before it)
+    steps_from: int | None = None
     events: list[tuple[str, str | None]] = msgspec.field(default_factory=list)  # (event, step)
     reply_to: str | None = None  # where status events go (E11)
     alert: str | None = None
     alert_step: str | None = None
     alert_agent: str | None = None
-    # a migration (plan.Plan.migrate) re-plans the task onto another version: its new
-    # version, and where its step rows end now if the new shape has fewer steps
-    version: str | None = None  # None keeps the task's
-    steps_from: int | None = None  # step rows (phase do) from this index on are dropped
+
+    @property
+    def claim(self) -> bool:
+        """Whether this is a claim: it starts a new epoch."""
+        return self.new_epoch != self.epoch
+
+
+def applied(task: Task, t: Transition) -> Task:
+    """The task once `t` applied to it: a new snapshot, `task` left as it was.
+
+    The fence is not checked here: the caller knows that it holds (the planner,
+    which computed `t` from `task`) or checks it (the in-memory store). Step
+    records are replaced, never changed, so the two snapshots may share the rest.
+    """
+    steps = list(task.steps)
+    if t.steps_from is not None:
+        del steps[t.steps_from:]
+    for unit in t.units:
+        put_unit(steps, unit)
+    return msgspec.structs.replace(
+        task, state=t.state, phase=t.phase, cursor=t.cursor, locked_by=t.locked_by,
+        complete_by=t.complete_by, available_at=t.available_at,
+        failure_count=t.failure_count, error=t.error, epoch=t.new_epoch, version=t.version,
+        steps=steps)
+
+
+def put_unit(steps: list[StepRecord], unit: UnitChange) -> None:
+    """Put `unit`'s row into `steps` (a task's step list), replacing the record."""
+    if unit.phase is Phase.DO:
+        record = StepRecord(
+            name=unit.name, agent=unit.agent, state=unit.state, attempts=unit.attempts,
+            failure_count=unit.failure_count, complete_by=unit.complete_by,
+            idempotency_key=unit.idempotency_key, result=unit.result, error=unit.error,
+            in_doubt=unit.in_doubt)
+        if unit.index < len(steps):
+            record.compensation = steps[unit.index].compensation
+            steps[unit.index] = record
+        else:  # a step a migration adds at the end
+            steps.append(record)
+        return
+    steps[unit.index] = msgspec.structs.replace(steps[unit.index], compensation=(
+        CompensationRecord(state=unit.state, attempts=unit.attempts,
+                           failure_count=unit.failure_count, complete_by=unit.complete_by,
+                           idempotency_key=unit.idempotency_key, result=unit.result,
+                           error=unit.error)))

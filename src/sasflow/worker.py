@@ -27,22 +27,23 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Collection
-from typing import TYPE_CHECKING
+import uuid
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
 
-from sasflow.agent import AgentRuntime
+from sasflow.agent import AgentFunction, AgentRuntime
+from sasflow.declarations import plans_for
 from sasflow.errors import ConfigurationError
 from sasflow.outage import Outage
 from sasflow.scheduler import Scheduler
 from sasflow.sd_notify import notify
-from sasflow.store.base import Alert, Instance
+from sasflow.store.base import Alert, Instance, Store
 from sasflow.supervisor import Supervisor
 from sasflow.transition import Transition
+from sasflow.transport.base import Transport
+from sasflow.workflow import Workflow
 
-if TYPE_CHECKING:
-    from sasflow.app import App
-
-__all__ = ["DEFAULT_HEARTBEAT", "ROLES", "Worker"]
+__all__ = ["DEFAULT_HEARTBEAT", "ROLES", "Worker", "WorkerSettings", "default_instance_id"]
 
 log = logging.getLogger("sasflow.worker")
 
@@ -55,49 +56,79 @@ _REACH_RETRY_MAX_S = 5.0
 _STOPPED_TIMEOUT_S = 5.0
 
 
-class Worker:
-    def __init__(self, app: App, *, roles: Collection[str] = ROLES,
-                 agents: Collection[str] | None = None, concurrency: int = 64,
-                 supervisor_interval: float = 1.0, instance_id: str,
-                 heartbeat: float = DEFAULT_HEARTBEAT, heartbeat_lease: float | None = None,
-                 on_applied: Callable[[Transition], None] = lambda t: None,
-                 on_alert: Callable[[Alert], None] = lambda a: None) -> None:
-        unknown = set(roles) - set(ROLES)
-        if unknown or not roles:
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """Which roles a worker runs, for which agents, and how (the `sasflow worker`
+    options). `agents=None` serves every declared agent."""
+
+    roles: Collection[str] = ROLES
+    agents: Collection[str] | None = None
+    concurrency: int = 64
+    supervisor_interval: float = 1.0
+    instance_id: str | None = None  # None: default_instance_id()
+    heartbeat: float = DEFAULT_HEARTBEAT
+    heartbeat_lease: float | None = None
+
+    @property
+    def lease(self) -> float:
+        if self.heartbeat_lease is None:
+            return _LEASE_BEATS * self.heartbeat
+        return self.heartbeat_lease
+
+    def check(self) -> None:
+        unknown = set(self.roles) - set(ROLES)
+        if unknown or not self.roles:
             raise ConfigurationError(
                 f"unknown role(s) {', '.join(sorted(unknown)) or '(none given)'}:"
                 f" choose from {', '.join(ROLES)}")
-        if concurrency < 1:
-            raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
-        lease = _LEASE_BEATS * heartbeat if heartbeat_lease is None else heartbeat_lease
-        if not 0 < heartbeat < lease:
+        if self.concurrency < 1:
+            raise ConfigurationError(f"concurrency must be >= 1, got {self.concurrency}")
+        if not 0 < self.heartbeat < self.lease:
             raise ConfigurationError(
-                f"the heartbeat ({heartbeat:g}s) must be > 0 and shorter than its lease"
-                f" ({lease:g}s)")
-        served = list(app.agents) if agents is None else list(agents)
-        missing = [a for a in served if a not in app.agents]
+                f"the heartbeat ({self.heartbeat:g}s) must be > 0 and shorter than its lease"
+                f" ({self.lease:g}s)")
+
+
+class Worker:
+    """The roles of one process over its parts: a store, a transport, the declared
+    workflows and agents. It knows nothing of the App that assembled it."""
+
+    def __init__(self, *, store: Store, transport: Transport,
+                 workflows: Mapping[str, Workflow], agents: Mapping[str, AgentFunction],
+                 settings: WorkerSettings = WorkerSettings(),
+                 on_applied: Callable[[Transition], None] = lambda t: None,
+                 on_alert: Callable[[Alert], None] = lambda a: None) -> None:
+        settings.check()
+        served = list(agents) if settings.agents is None else list(settings.agents)
+        missing = [a for a in served if a not in agents]
         if missing:
             raise ConfigurationError(f"unknown agent(s): {', '.join(missing)}"
-                                     f" (declared: {', '.join(app.agents) or 'none'})")
-        self.app = app
-        self.roles = frozenset(roles)
-        plans = app.plans()
-        store, transport = app.store, app.transport
+                                     f" (declared: {', '.join(agents) or 'none'})")
+        instance_id = settings.instance_id or default_instance_id()
+        self.store, self.transport = store, transport
+        self.roles = frozenset(settings.roles)
+        plans = plans_for(workflows, agents)
         self.scheduler = Scheduler(store, transport, plans, instance_id=instance_id,
-                                   concurrency=concurrency, on_applied=on_applied
+                                   concurrency=settings.concurrency, on_applied=on_applied
                                    ) if "scheduler" in self.roles else None
         # every complete-by was set on the store's clock: agents judge it on that (R1)
-        self.agents = AgentRuntime(transport, [app.agents[a] for a in served],
+        self.agents = AgentRuntime(transport, [agents[a] for a in served],
                                    clock=store.now) if "agent" in self.roles else None
         self.supervisor = Supervisor(store, plans, instance_id=instance_id,
-                                     interval=supervisor_interval, on_applied=on_applied,
-                                     on_alert=on_alert) if "supervisor" in self.roles else None
-        self.heartbeat = heartbeat
+                                     interval=settings.supervisor_interval,
+                                     on_applied=on_applied, on_alert=on_alert
+                                     ) if "supervisor" in self.roles else None
+        self.heartbeat = settings.heartbeat
         self.instance = Instance(
             instance_id=instance_id, host=socket.gethostname(), pid=os.getpid(),
             roles=[r for r in ROLES if r in self.roles],
             agents=served if self.agents is not None else [],
-            workflows={name: w.version for name, w in app.workflows.items()}, lease=lease)
+            workflows={name: w.version for name, w in workflows.items()},
+            lease=settings.lease)
         self._beats = Outage(log, f"worker {instance_id}'s heartbeat store")
         self._broker = Outage(log, f"worker {instance_id}'s transport")
         self._relaying = Outage(log, f"worker {instance_id}'s status relay")
@@ -105,14 +136,14 @@ class Worker:
     async def run(self) -> None:
         """Run the roles until cancelled, beating while they run."""
         try:
-            await _until_done(lambda: self.app.store.beat(self.instance, first=True),
+            await _until_done(lambda: self.store.beat(self.instance, first=True),
                               self._beats)
             async with asyncio.TaskGroup() as group:
                 # beating from the first beat on: a worker waiting for its broker is
                 # alive, and what it claims once the broker is back must not look
                 # orphaned to a supervisor (its own included)
                 group.create_task(self._beat())
-                await _until_done(self.app.transport.ping, self._broker)
+                await _until_done(self.transport.ping, self._broker)
                 notify("READY=1")
                 if self.agents is not None:
                     group.create_task(self.agents.run())
@@ -120,20 +151,20 @@ class Worker:
                     group.create_task(self.scheduler.run())
                 if self.supervisor is not None:
                     group.create_task(self.supervisor.run())
-                if self.app.transport.shared:
+                if self.transport.shared:
                     group.create_task(self._relay())
         finally:
             # after the scheduler handed its tasks back: the instance holds nothing now
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(_STOPPED_TIMEOUT_S):
-                    await self.app.store.stopped(self.instance.instance_id)
+                    await self.store.stopped(self.instance.instance_id)
 
     async def _beat(self) -> None:
         """Renew the instance's row every `heartbeat` seconds while this loop runs."""
         while True:
             await asyncio.sleep(self.heartbeat)
             try:
-                await self.app.store.beat(self.instance)
+                await self.store.beat(self.instance)
             except Exception as error:  # no beat: the probe and the supervisors will see it
                 self._beats.failed(error)
             else:
@@ -142,7 +173,7 @@ class Worker:
 
     async def _relay(self) -> None:
         """Publish outbox status messages (at least once: acked after publishing)."""
-        store, transport = self.app.store, self.app.transport
+        store, transport = self.store, self.transport
         backoff = 0.05
         while True:
             try:

@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sasflow.errors import ConfigurationError
 
@@ -58,7 +58,6 @@ class Workflow:
     on_failure: OnFailure = OnFailure.COMPENSATE
     retry_backoff: float = 0.2  # supervisor release delay: retry_backoff * 2**(failures-1)
     park_for: float = 300.0
-    _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def declare(
@@ -117,7 +116,6 @@ class Workflow:
             on_failure=policy,
             retry_backoff=float(retry_backoff),
             park_for=float(park_for),
-            _index={s.name: i for i, s in enumerate(steps)},
         )
 
     @property
@@ -132,14 +130,6 @@ class Workflow:
         changing them leaves every task runnable.
         """
         return workflow_version(self.name, [(s.name, s.agent) for s in self.steps])
-
-    def index_of(self, step: str) -> int:
-        try:
-            return self._index[step]
-        except KeyError:
-            raise ConfigurationError(
-                f"workflow {self.name!r} has no step {step!r}", step=step
-            ) from None
 
     def release_delay(self, failure_count: int) -> float:
         """How long a released task waits before it may be claimed again."""

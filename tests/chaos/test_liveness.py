@@ -133,7 +133,7 @@ def read(store_url: str, task_ids: list[str]
 def sqlite_world(tmp_path: Path) -> Iterator[tuple[World, App]]:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     app = build_app(url)
-    assert app.store is not None  # creates and migrates the file before any worker
+    assert app._store is not None  # creates and migrates the file before any worker
     world = World(tmp_path, url)
     try:
         yield world, app

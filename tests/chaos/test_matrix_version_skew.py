@@ -53,7 +53,7 @@ def test_messages_with_an_unknown_field_from_a_newer_release_are_accepted(
             return {"n": req.input["n"], "step": req.step}
 
         app.workflow("skew", [Step("one", agent, 30.0), Step("two", agent, 30.0)])
-        transport = app.transport
+        transport = app._transport
         publish = transport.publish
         extended: list[str] = []
 

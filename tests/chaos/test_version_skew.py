@@ -98,12 +98,12 @@ def test_tasks_of_an_unknown_workflow_raise_one_alert_and_hold_up_no_recovery(
     known = cluster.submit(chaosapp.PIPELINE, {f"k{n:02}": {} for n in range(50)})
 
     async def claim_as_a_dead_worker() -> None:
-        store = renamed.store
+        store = renamed._store
         await store.claim("dead", len(ids), {"pipeline-v0": Plan(gone, frozenset())})
-        plans = cluster.app.plans()
+        plans = cluster.app._plans()
         await store.claim("dead", len(known), {chaosapp.PIPELINE: plans[chaosapp.PIPELINE]})
 
-    renamed._portal.call(claim_as_a_dead_worker())
+    renamed._loop.call(claim_as_a_dead_worker())
     assert cluster.states()["processing"] == 1150
 
     survivor = cluster.spawn("survivor")

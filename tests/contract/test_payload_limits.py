@@ -78,8 +78,8 @@ async def running() -> AsyncIterator[Callable[[App], None]]:
     for app, worker in workers:
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
-        await app.store.close()
-        await app.transport.close()
+        await app._store.close()
+        await app._transport.close()
 
 
 def over_the_limit(message: str, what: str, limit: int) -> int:

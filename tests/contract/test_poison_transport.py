@@ -14,7 +14,7 @@ import contextlib
 import logging
 import sqlite3
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,11 +73,11 @@ async def running(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     with contextlib.suppress(asyncio.CancelledError):
         await roles
     with contextlib.suppress(Exception):
-        await shop.transport.purge_dead_letters()
+        await shop._transport.purge_dead_letters()
     if request.param == "rabbitmq":
         await _delete_amqp(f"poison-{run}.dead-letters")
-    await shop.transport.close()
-    await shop.store.close()
+    await shop._transport.close()
+    await shop._store.close()
 
 
 async def _delete_amqp(name: str) -> None:
@@ -94,7 +94,7 @@ async def dead_letters_of(app: App, queues: set[str]) -> dict[str, DeadLetter]:
     """Wait until each of `queues` has its dead letter (positive signal; hang guard only)."""
     async with asyncio.timeout(30.0):
         while True:
-            found = {d.queue: d for d in await app.transport.dead_letters()}
+            found = {d.queue: d for d in await app._transport.dead_letters()}
             if queues <= set(found):
                 return found
             await asyncio.sleep(0.05)
@@ -111,8 +111,8 @@ async def test_poison_on_the_reply_and_request_queues_is_dead_lettered_once_and_
     requests = agent_queue(agent)
     before = await app.asubmit("echo", {"n": 1})
     assert (await app.await_(before, timeout=30)).state is TaskState.PROCESSED
-    await app.transport.publish(replies, b"{not json at all")
-    await app.transport.publish(requests, b'{"task_id": 7}')  # JSON, but no request
+    await app._transport.publish(replies, b"{not json at all")
+    await app._transport.publish(requests, b'{"task_id": 7}')  # JSON, but no request
     letters = await dead_letters_of(app, {replies, requests})
     after = await app.asubmit("echo", {"n": 2})
     assert (await app.await_(after, timeout=30)).state is TaskState.PROCESSED
@@ -120,8 +120,8 @@ async def test_poison_on_the_reply_and_request_queues_is_dead_lettered_once_and_
     assert letters[replies].body == b"{not json at all"
     assert letters[replies].reason.startswith("MalformedMessage: not a reply")
     assert letters[requests].reason.startswith(f"MalformedMessage: not a request for {agent}")
-    if not app.transport.shared:  # in-process queues die with the process: the store keeps them
-        assert {d.queue for d in await app.store.dead_letters()} == {replies, requests}
+    if not app._transport.shared:  # in-process queues die with the process: the store keeps them
+        assert {d.queue for d in await app._store.dead_letters()} == {replies, requests}
     for queue in (replies, requests):
         lines = [r for r in caplog.records
                  if r.levelno >= logging.WARNING and queue in r.getMessage()]
@@ -130,23 +130,22 @@ async def test_poison_on_the_reply_and_request_queues_is_dead_lettered_once_and_
 
 async def test_a_malformed_status_message_does_not_end_listening(
         running: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """`app.listen(queue)` decodes defensively: a body on the application's status queue
+    """`app.alisten(queue)` decodes defensively: a body on the application's status queue
     that is no status (on the embedded default, a row of the store's outbox) is a dead
     letter, logged once, not an error raised into the listener, which goes on with the
     statuses after it."""
     caplog.set_level(logging.INFO)
     app = running.app
     queue = f"shop-{uuid.uuid4().hex[:8]}"
-    if app.transport.shared:
-        await app.transport.publish(queue, b"<status>not json</status>")
+    if app._transport.shared:
+        await app._transport.publish(queue, b"<status>not json</status>")
     else:  # the embedded default reads the store's outbox: a bad row written there
         with contextlib.closing(sqlite3.connect(tmp_path / "poison.db")) as db, db:
             db.execute("INSERT INTO outbox (queue, body, created_at) VALUES (?, ?, 0)",
                        (queue, b"<status>not json</status>"))
     task_id = await app.asubmit("echo", {"n": 3}, reply_to=queue)
     events = []
-    listening = app.listen(queue)
-    assert isinstance(listening, AsyncGenerator)  # so it can be closed, whatever happens
+    listening = app.alisten(queue)
     async with asyncio.timeout(30), contextlib.aclosing(listening) as statuses:
         async for status in statuses:
             assert status.task_id == task_id

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from sasflow import AgentRequest, App, Step
+from sasflow import AgentRequest, App, Step, transition
 from sasflow.errors import StoreError, UnknownTaskError
 from sasflow.model import Task, TaskState
 from sasflow.scheduler import Scheduler
@@ -98,8 +98,8 @@ async def test_postgres_apply_whose_answer_is_lost_is_applied_once(
         proxy.cut_after(BATCH_STATEMENT)
         with caplog.at_level(logging.WARNING, logger="sasflow.store.postgres"):
             async with asyncio.timeout(15):
-                applied = await store.apply(
-                    plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
+                reply = plan.reply(task, "s1", True, {"sku": 7}, None, clock.now)
+                applied = await store.apply(reply)
         assert applied is True
         assert proxy.fired.is_set()
         assert any("answer was lost" in r.getMessage() for r in caplog.records
@@ -109,7 +109,7 @@ async def test_postgres_apply_whose_answer_is_lost_is_applied_once(
         await store.close()
     stored = await direct.get("order-1")
     assert stored is not None
-    assert_stored_as_planned(stored, task)
+    assert_stored_as_planned(stored, transition.applied(task, reply))
     assert (stored.cursor, stored.steps[0].result) == (1, {"sku": 7})
     rows = history_rows(await direct.history("order-1"))
     assert rows == history_rows(await direct.history("control"))  # the same, once
@@ -137,8 +137,8 @@ async def test_postgres_apply_cut_before_the_server_got_it_is_written_again_once
         proxy.cut_before(BATCH_STATEMENT)
         with caplog.at_level(logging.WARNING, logger="sasflow.store.postgres"):
             async with asyncio.timeout(15):
-                applied = await store.apply(
-                    plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
+                reply = plan.reply(task, "s1", True, {"sku": 7}, None, clock.now)
+                applied = await store.apply(reply)
         assert applied is True
         assert proxy.fired.is_set()
         assert proxy.forwarded > before  # written on a new connection
@@ -148,7 +148,7 @@ async def test_postgres_apply_cut_before_the_server_got_it_is_written_again_once
         await store.close()
     stored = await direct.get("order-1")
     assert stored is not None
-    assert_stored_as_planned(stored, task)
+    assert_stored_as_planned(stored, transition.applied(task, reply))
     rows = history_rows(await direct.history("order-1"))
     assert rows == history_rows(await direct.history("control"))
     assert [r[:2] + r[4:6] for r in rows].count(("reserve", "do", "running", "completed")) == 1

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,8 @@ import pytest
 
 from sasflow import AgentRequest, App, Step
 from sasflow.errors import MissingExtraError, StoreError
-from sasflow.model import Task, TaskState
-from sasflow.store import open_store
+from sasflow.model import UNFINISHED_TASK_STATES, Task, TaskState, claimable
+from sasflow.store import open_store, sql
 from sasflow.store.postgres import PostgresStore
 from sasflow.store.postgres import _scripts as pg_migrations
 from support.process import Process
@@ -372,3 +373,23 @@ async def test_placing_example_orders_from_the_command_line(make_store: StoreFac
         tasks = conn.execute("SELECT task_id, state FROM tasks ORDER BY task_id").fetchall()
     assert len(orders) == 3
     assert sorted((ref, "pending") for (ref,) in orders) == tasks
+
+
+@on_postgres
+async def test_postgres_reads_the_claimable_and_unfinished_predicates_as_the_model(
+        make_store: StoreFactory) -> None:
+    """sql.CLAIMABLE_SQL and sql.UNFINISHED_SQL, as PostgreSQL reads them, agree with
+    model.claimable and model.UNFINISHED_TASK_STATES on every state, held or not."""
+    store = postgres(make_store)
+    rows = [(state.value, holder) for state in TaskState for holder in (None, "s1")]
+    checks: list[tuple[str, Callable[[str, str | None], bool]]] = [
+        (sql.CLAIMABLE_SQL, lambda s, h: claimable(TaskState(s), h)),
+        (sql.UNFINISHED_SQL, lambda s, h: TaskState(s) in UNFINISHED_TASK_STATES)]
+    with psycopg.connect(store.conninfo) as conn:
+        for predicate, python in checks:
+            for state, holder in rows:
+                found = conn.execute(
+                    f"SELECT count(*) FROM (SELECT %s::text AS state, %s::text AS locked_by)"
+                    f" AS tasks WHERE {predicate}", (state, holder)).fetchone()
+                assert found is not None
+                assert bool(found[0]) is python(state, holder), (predicate, state, holder)

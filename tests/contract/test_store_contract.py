@@ -28,6 +28,7 @@ from support.stores import (
     SLOW,
     Clock,
     StoreFactory,
+    applies,
     assert_stored_as_planned,
     claim_one,
     fresh,
@@ -177,7 +178,7 @@ async def test_apply_writes_the_whole_transition(store: Store, clock: Clock) -> 
     task = await claim_one(store, "s1")
     plan = PLANS["order"]
     clock.advance(1)
-    assert await store.apply(plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
+    task = await applies(store, task, plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
     stored = await fresh(store, "order-1")
     assert_stored_as_planned(stored, task)
     assert (stored.cursor, stored.steps[0].result, stored.steps[1].state) == (
@@ -253,11 +254,28 @@ async def test_the_store_refuses_a_move_the_lifecycle_forbids(store: Store,
     await submitted(store, "order-1")
     forbidden = Transition(task_id="order-1", actor="x", why="bad", epoch=0,
                            from_state=T.PROCESSED, owner=None, from_phase=Phase.DO,
-                           from_cursor=0, state=T.PENDING,
-                           phase=Phase.DO, cursor=0, locked_by=None, failure_count=0)
+                           from_cursor=0, from_version=ORDER.version, state=T.PENDING,
+                           phase=Phase.DO, cursor=0, locked_by=None, failure_count=0,
+                           available_at=clock.now, new_epoch=0, version=ORDER.version)
     with pytest.raises(StoreError):
         await store.apply(forbidden)
     assert (await fresh(store, "order-1")).state is T.PENDING
+
+
+async def test_the_same_transition_written_twice_changes_nothing_more(store: Store,
+                                                                    clock: Clock) -> None:
+    """Values under a fence: the same transition written again (a write retried) applies
+    to nothing; the task, its steps and its history stay as the first write left them."""
+    plan = PLANS["order"]
+    await submitted(store, "order-1")
+    task = await claim_one(store, "s1")
+    reply = plan.reply(task, "s1", True, {"sku": 7}, None, clock.now)
+    task = await applies(store, task, reply)
+    history = await store.history("order-1")
+    clock.advance(1)
+    assert not await store.apply(reply)
+    assert_stored_as_planned(await fresh(store, "order-1"), task)
+    assert await store.history("order-1") == history
 
 
 async def test_a_saga_is_stored_as_planned_at_every_step(store: Store, clock: Clock) -> None:
@@ -269,7 +287,7 @@ async def test_a_saga_is_stored_as_planned_at_every_step(store: Store, clock: Cl
                (False, None, "address refused")]
     for ok, result, error in replies:
         clock.advance(1)
-        assert await store.apply(plan.reply(task, "s1", ok, result, error, clock.now))
+        task = await applies(store, task, plan.reply(task, "s1", ok, result, error, clock.now))
         assert_stored_as_planned(await fresh(store, "order-1"), task)
     # ship refused -> charge has no compensator -> reserve's undo is running
     stored = await fresh(store, "order-1")
@@ -279,7 +297,7 @@ async def test_a_saga_is_stored_as_planned_at_every_step(store: Store, clock: Cl
     assert (undo.state, undo.attempts, undo.complete_by) == (S.RUNNING, 1, clock.now + 5.0)
     assert undo.idempotency_key == idempotency_key("order-1", "reserve", Phase.UNDO)
     clock.advance(1)
-    assert await store.apply(plan.reply(task, "s1", True, None, None, clock.now))
+    task = await applies(store, task, plan.reply(task, "s1", True, None, None, clock.now))
     stored = await fresh(store, "order-1")
     assert_stored_as_planned(stored, task)
     assert (stored.state, stored.locked_by) == (T.COMPENSATED, None)
@@ -292,10 +310,10 @@ async def test_operator_actions_apply_to_an_unlocked_task(store: Store, clock: C
     plan = PLANS["alerting"]
     await submitted(store, "order-1", workflow="alerting")
     task = await claim_one(store, "s1")
-    assert await store.apply(plan.reply(task, "s1", False, None, "declined", clock.now))
+    task = await applies(store, task, plan.reply(task, "s1", False, None, "declined", clock.now))
     assert (await fresh(store, "order-1")).state is T.ERROR
     task = await fresh(store, "order-1")
-    assert await store.apply(plan.retry(task, clock.now))
+    task = await applies(store, task, plan.retry(task, clock.now))
     assert_stored_as_planned(await fresh(store, "order-1"), task)
     again = await claim_one(store, "s2")
     assert (again.steps[0].state, again.steps[0].attempts, again.steps[0].failure_count) == (
@@ -381,7 +399,7 @@ async def test_an_operator_action_read_before_a_reply_landed_is_refused(
     await submitted(store, "order-1")
     task = await claim_one(store, "s1")
     read = await fresh(store, "order-1")
-    assert await store.apply(plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
+    task = await applies(store, task, plan.reply(task, "s1", True, {"sku": 7}, None, clock.now))
     assert not await store.apply(plan.compensate(read, clock.now))
     stored = await fresh(store, "order-1")
     assert (stored.state, stored.cursor, stored.locked_by) == (T.PROCESSING, 1, "s1")
@@ -569,7 +587,7 @@ async def test_an_orphan_release_is_not_applied_once_its_holder_went_on(
     clock.advance(2.0)
     [orphan] = await store.orphaned(10)
     plan = PLANS["order"]
-    assert await store.apply(plan.reply(task, "paused", True, {"ok": 1}, None, clock.now))
+    task = await applies(store, task, plan.reply(task, "paused", True, {"ok": 1}, None, clock.now))
     late = plan.orphan(orphan, "sup", clock.now)
     assert not await store.apply(late)
     stored = await fresh(store, "order-1")
@@ -664,7 +682,7 @@ async def test_status_messages_are_written_with_the_state_change(store: Store,
     await submitted(store, "order-1", reply_to="app-1")
     task = await claim_one(store, "s1")
     for result in ({"sku": 1}, {"charge": 2}, {"parcel": 3}):
-        assert await store.apply(plan.reply(task, "s1", True, result, None, clock.now))
+        task = await applies(store, task, plan.reply(task, "s1", True, result, None, clock.now))
     messages = await store.take_outbox(["app-1"], 100)
     statuses = [decode_status(m.body) for m in messages]
     assert [(s.event, s.step) for s in statuses] == [
@@ -776,7 +794,7 @@ async def test_an_operator_retry_resets_the_steps_failure_count(store: Store,
         clock.advance(10)
     assert task is not None and task.state is TaskState.ERROR
     assert task.steps[0].failure_count > 0
-    assert await store.apply(plan.retry(task, clock.now))
+    task = await applies(store, task, plan.retry(task, clock.now))
     stored = await store.get("o-1")
     assert stored is not None
     assert (stored.state, stored.steps[0].failure_count) == (TaskState.PENDING, 0)
@@ -845,6 +863,23 @@ async def test_the_sweep_reads_only_the_workflows_it_is_given(store: Store,
     assert await store.next_expiry(["slow"]) == clock.now - 6 - 60 + 50.0
 
 
+async def test_a_transition_planned_before_a_migration_does_not_apply(store: Store,
+                                                                     clock: Clock) -> None:
+    """A migration changes a task's version and steps and nothing else the fence holds:
+    an operator's action planned from a read before it applies to nothing, rather than
+    write back the version (and step rows) it read."""
+    plan = PLANS["order"]
+    await submitted(store, "o1")
+    task = await claim_one(store, "s1")
+    task = await applies(store, task, plan.release(task, "s1", clock.now))
+    stale = plan.cancel(task, clock.now)
+    await applies(store, task, Plan(ORDER_V3, COMPENSABLE).migrate(task, clock.now))
+    assert not await store.apply(stale)
+    stored = await fresh(store, "o1")
+    assert (stored.state, stored.version, len(stored.steps)) == (
+        T.PENDING, ORDER_V3.version, len(ORDER_V3.steps))
+
+
 async def test_a_migration_is_stored_as_planned(store: Store, clock: Clock) -> None:
     """A task re-planned onto a longer shape keeps its completed steps and takes the new
     ones; onto a shorter shape its unstarted tail is dropped; either way it is then
@@ -853,11 +888,11 @@ async def test_a_migration_is_stored_as_planned(store: Store, clock: Clock) -> N
     await submitted(store, "grow", "shrink")
     for _ in range(2):  # each one's first step completes; then they wait, pending, at charge
         task = await claim_one(store, "s1")
-        assert await store.apply(plan.reply(task, "s1", True, {"sku": 1}, None, clock.now))
+        task = await applies(store, task, plan.reply(task, "s1", True, {"sku": 1}, None, clock.now))
         clock.advance(1)  # released after the other was submitted: claimed after it
-        assert await store.apply(plan.release(task, "s1", clock.now))
+        task = await applies(store, task, plan.release(task, "s1", clock.now))
     grow = await fresh(store, "grow")
-    assert await store.apply(Plan(ORDER_V3, COMPENSABLE).migrate(grow, clock.now))
+    grow = await applies(store, grow, Plan(ORDER_V3, COMPENSABLE).migrate(grow, clock.now))
     stored = await fresh(store, "grow")
     assert_stored_as_planned(stored, grow)
     assert stored.version == ORDER_V3.version
@@ -867,7 +902,7 @@ async def test_a_migration_is_stored_as_planned(store: Store, clock: Clock) -> N
         ("pack", S.PENDING, idempotency_key("grow", "pack")),
         ("post", S.PENDING, idempotency_key("grow", "post"))]
     shrink = await fresh(store, "shrink")
-    assert await store.apply(Plan(ORDER_V2, COMPENSABLE).migrate(shrink, clock.now))
+    shrink = await applies(store, shrink, Plan(ORDER_V2, COMPENSABLE).migrate(shrink, clock.now))
     stored = await fresh(store, "shrink")
     assert_stored_as_planned(stored, shrink)
     assert [s.name for s in stored.steps] == ["reserve", "charge"]

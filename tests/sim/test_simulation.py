@@ -27,7 +27,7 @@ import pytest
 
 from sasflow import App, Step
 from sasflow.agent import AgentRequest
-from sasflow.model import Phase, Task
+from sasflow.model import Task
 from sasflow.plan import Plan
 from sasflow.scheduler import Scheduler
 from sasflow.store.memory import MemoryStore
@@ -121,11 +121,13 @@ def test_a_store_that_does_not_fence_is_caught(monkeypatch: pytest.MonkeyPatch) 
     fenced = MemoryStore._apply
 
     def unfenced(self: MemoryStore, t: Transition, now: float) -> bool:
-        row = self._data.tasks.get(t.task_id)
-        if row is not None and not t.claim and t.lease is None:
-            # whatever it holds, at whatever step: no fence
-            t.epoch, t.owner = row.epoch, row.locked_by
-            t.from_phase, t.from_cursor = Phase(row.phase), row.cursor
+        stored = self._data.tasks.get(t.task_id)
+        if stored is not None and not t.claim and t.lease is None:
+            # whatever it holds, at whatever step: no fence (and the epoch it has)
+            held = stored.task
+            t.epoch = t.new_epoch = held.epoch
+            t.owner, t.from_phase, t.from_cursor = held.locked_by, held.phase, held.cursor
+            t.from_version = held.version
         return fenced(self, t, now)
 
     monkeypatch.setattr(MemoryStore, "_apply", unfenced)

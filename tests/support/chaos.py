@@ -188,7 +188,7 @@ class Cluster(World):
         store_url = f"sqlite:///{root / 'store.db'}"
         super().__init__(root, store_url, chaosapp.build_app(store_url))
         self.db = root / "store.db"
-        assert self.app.store is not None  # creates and migrates the file before any worker
+        assert self.app._store is not None  # creates and migrates the file before any worker
 
     def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
               slow: float | None = None, hang_at: Iterable[str] = (),

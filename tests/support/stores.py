@@ -1,5 +1,5 @@
 """The store contract suite's world: its workflows and plans, and the few steps every
-store test takes (a new task, submitted, claimed, read back).
+store test takes (a new task, submitted, claimed, applied, read back).
 
 Shared by tests/contract/test_store_contract.py and the suites that add one
 backend's own behaviour (test_postgres_store.py, test_postgres_faults.py, ...).
@@ -15,6 +15,7 @@ from sasflow.model import Task, idempotency_key
 from sasflow.plan import Plan
 from sasflow.store import Store
 from sasflow.store.base import NewTask
+from sasflow.transition import Transition, applied
 from sasflow.workflow import Step, Workflow
 
 
@@ -70,9 +71,17 @@ async def fresh(store: Store, task_id: str) -> Task:
     return task
 
 
+async def applies(store: Store, task: Task, transition: Transition) -> Task:
+    """Apply `transition`, planned from `task`: it must apply. The task as planned
+    (transition.applied: what every store must now hold, see below)."""
+    assert await store.apply(transition)
+    return applied(task, transition)
+
+
 def assert_stored_as_planned(stored: Task, planned: Task) -> None:
     """The store holds exactly what the planner decided the task became."""
     fields = ("task_id", "workflow", "input", "state", "phase", "cursor", "locked_by",
-              "complete_by", "failure_count", "epoch", "reply_to", "error")
+              "complete_by", "available_at", "failure_count", "epoch", "reply_to", "error",
+              "version")
     assert {f: getattr(stored, f) for f in fields} == {f: getattr(planned, f) for f in fields}
     assert stored.steps == planned.steps

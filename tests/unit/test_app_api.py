@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -197,7 +197,7 @@ def test_wait_gives_up_at_its_timeout(make_app: MakeApp) -> None:
 async def collect(app: App, queue: str, until: str) -> list[Status]:
     """Status messages of `queue` up to and including the first `until` event."""
     seen: list[Status] = []
-    listening = cast(AsyncGenerator[Status, None], app.listen(queue))
+    listening = app.alisten(queue)
     async with asyncio.timeout(HANG_GUARD), contextlib.aclosing(listening) as statuses:
         async for status in statuses:
             seen.append(status)

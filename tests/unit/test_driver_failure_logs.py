@@ -46,7 +46,7 @@ async def test_many_drivers_failing_on_a_lost_broker_log_one_line_and_drop_their
 
     app.workflow("wf", steps=[Step("s", agent="remote", timeout=60.0)])
     transport = _RefusingTransport()
-    scheduler = Scheduler(app.store, transport, app.plans(), instance_id="sched-1")
+    scheduler = Scheduler(app._store, transport, app._plans(), instance_id="sched-1")
     running = asyncio.create_task(scheduler.run())
     try:
         for i in range(TASKS):
@@ -58,7 +58,7 @@ async def test_many_drivers_failing_on_a_lost_broker_log_one_line_and_drop_their
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
-        await app.store.close()
+        await app._store.close()
     said = [r for r in caplog.records
             if r.name == "sasflow.scheduler" and r.levelno >= logging.WARNING]
     assert len(said) == 1, [r.getMessage() for r in said]

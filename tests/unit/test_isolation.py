@@ -216,9 +216,6 @@ class _Recording:
 
     async def ping(self) -> None: ...
 
-    def has_consumer(self, queue: str) -> bool:
-        return False
-
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         return []
 
@@ -273,7 +270,7 @@ async def test_a_hung_ship_in_a_process_is_killed_and_the_retry_ships_once(
     finally:
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
-        await app.store.close()
+        await app._store.close()
     assert task.state is TaskState.PROCESSED
     assert task.steps[0].attempts >= 2
     hung = int((tmp_path / "hung.pid").read_text())
@@ -317,7 +314,7 @@ async def test_a_hung_ship_in_a_thread_still_ships_after_its_deadline(tmp_path: 
         wake.set()
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
-        await app.store.close()
+        await app._store.close()
     assert len(set(keys)) == 1  # both calls carried the one key the remote can dedup by
 
 

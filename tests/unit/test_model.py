@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 
 import pytest
 
 from sasflow.model import (
+    CLAIMABLE_TASK_STATES,
     TERMINAL_TASK_STATES,
+    UNFINISHED_TASK_STATES,
     CompensationRecord,
     Phase,
     StepRecord,
@@ -19,9 +23,12 @@ from sasflow.model import (
     Task,
     TaskState,
     can_move,
+    claimable,
     idempotency_key,
     isoformat,
+    terminal,
 )
+from sasflow.store import sql
 
 T, S = TaskState, StepState
 
@@ -247,3 +254,53 @@ def test_terminal_and_step_lookup() -> None:
     for state in TaskState:
         task.state = state
         assert task.terminal is (state in TERMINAL_TASK_STATES)
+
+
+# ---------------------------------------------------------------- claimable, terminal
+def _sqlite_says(predicate: str, state: TaskState, locked_by: str | None) -> bool:
+    """What `predicate` (a WHERE over a task row) says of one row, asked of SQLite."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        row = conn.execute(f"WITH tasks(state, locked_by) AS (VALUES (?, ?))"
+                           f" SELECT COUNT(*) FROM tasks WHERE {predicate}",
+                           (state.value, locked_by)).fetchone()
+        return bool(row[0])
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("locked_by", [None, "sched-1"])
+@pytest.mark.parametrize("state", list(TaskState))
+def test_the_sql_predicates_say_what_the_model_says(state: TaskState,
+                                                    locked_by: str | None) -> None:
+    """sql.CLAIMABLE_SQL and sql.UNFINISHED_SQL agree with model.claimable and
+    model.UNFINISHED_TASK_STATES on every state, held or not."""
+    assert _sqlite_says(sql.CLAIMABLE_SQL, state, locked_by) is claimable(state, locked_by)
+    assert _sqlite_says(sql.UNFINISHED_SQL, state, locked_by) is (
+        state in UNFINISHED_TASK_STATES)
+
+
+def test_every_state_is_terminal_or_unfinished_and_only_unfinished_ones_are_claimable() -> None:
+    """Terminal as CONTRACT.md lists it; every other state is work still to do."""
+    assert {s for s in TaskState if terminal(s)} == {T.PROCESSED, T.ERROR, T.COMPENSATED,
+                                                     T.CANCELLED}
+    for state in TaskState:
+        assert terminal(state) is (state not in UNFINISHED_TASK_STATES), state
+        assert Task(task_id="t", workflow="w", input=None, state=state).terminal is (
+            terminal(state))
+    assert set(CLAIMABLE_TASK_STATES) <= set(UNFINISHED_TASK_STATES)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_the_claimable_index_covers_exactly_the_claimable_predicate(dialect: str) -> None:
+    """The partial index tasks_claimable (its latest definition in the migrations) has
+    sql.CLAIMABLE_SQL as its WHERE, word for word: what the claim queries say, so the
+    index serves them (SQLite matches a partial index's terms textually)."""
+    folder = resources.files("sasflow.store.migrations") / dialect
+    scripts = sorted((f.name, f.read_text()) for f in folder.iterdir()
+                     if f.name.endswith(".sql"))
+    definitions = [statement for _, script in scripts for statement in script.split(";")
+                   if "CREATE INDEX tasks_claimable" in statement]
+    assert definitions
+    where = " ".join(definitions[-1].split("WHERE", 1)[1].split())
+    assert where == sql.CLAIMABLE_SQL

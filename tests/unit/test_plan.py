@@ -1,8 +1,15 @@
-"""The planner (plan.py): every decision of the pattern, pure and with time passed in."""
+"""The planner (plan.py): every decision of the pattern, pure and with time passed in.
+
+The tests follow one task through its decisions as a scheduler does: each decision's
+Transition, then the task as that transition makes it (transition.applied), which
+`make_plan`'s plans put in place of the snapshot they planned from.
+"""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -17,7 +24,7 @@ from sasflow.model import (
     idempotency_key,
 )
 from sasflow.plan import Plan
-from sasflow.transition import UNSET, Transition
+from sasflow.transition import Transition, UnitChange, applied
 from sasflow.workflow import Step, Workflow
 
 T, S = TaskState, StepState
@@ -29,12 +36,48 @@ STEPS = [Step("reserve", "inventory", 5.0), Step("charge", "payments", 10.0),
 COMPENSABLE = frozenset({"inventory", "warehouse", "shipping"})
 
 
+_DECISIONS = frozenset({"claim", "reply", "release", "expire", "orphan", "retry", "compensate",
+                        "cancel", "migrate"})
+
+
+class Applying:
+    """A Plan whose decisions also move the snapshot they were made from to what their
+    transition makes of it (transition.applied), as a scheduler holding the task does;
+    and which checks that the planner itself left that snapshot as it was."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.workflow = plan.workflow
+
+    def __getattr__(self, name: str) -> Any:
+        decide = getattr(self.plan, name)
+        if name not in _DECISIONS:
+            return decide
+
+        def deciding(task: Task, *args: Any, **kwargs: Any) -> Transition:
+            before = copy.deepcopy(task)
+            transition: Transition = decide(task, *args, **kwargs)
+            assert task == before, "the planner changed the snapshot it was given"
+            after = applied(task, transition)
+            for field in Task.__struct_fields__:
+                setattr(task, field, getattr(after, field))
+            return transition
+
+        return deciding
+
+
 def make_plan(on_failure: str = "compensate", max_failures: int = 3,
-              compensable: frozenset[str] = COMPENSABLE, steps: list[Step] = STEPS) -> Plan:
+              compensable: frozenset[str] = COMPENSABLE, steps: list[Step] = STEPS) -> Any:
     wf = Workflow.declare("process-order", steps, agents={s.agent for s in steps},
                           max_failures=max_failures, on_failure=on_failure,
                           retry_backoff=0.5, park_for=120.0)
-    return Plan(wf, compensable)
+    return Applying(Plan(wf, compensable))
+
+
+def moves(t: Transition) -> list[UnitChange]:
+    """The units a transition moves (those in the history), without the rows of steps
+    that only show where their compensation stands."""
+    return [u for u in t.units if u.in_history]
 
 
 def new_task(plan: Plan, task_id: str = "order-42") -> Task:
@@ -77,10 +120,10 @@ def test_claim_starts_the_first_step_with_its_complete_by() -> None:
         T.PENDING, T.PROCESSING, "s1", NOW + 5.0)
     # the fence: unlocked at epoch 0, and a claim bumps the epoch
     assert (t.owner, t.epoch, t.claim, t.expired_before) == (None, 0, True, None)
-    [unit] = t.units
+    [unit] = moves(t)
     assert (unit.index, unit.phase, unit.state, unit.from_state) == (0, Phase.DO, S.RUNNING,
                                                                       S.PENDING)
-    assert unit.started and unit.complete_by == NOW + 5.0
+    assert unit.attempts == 1 and unit.complete_by == NOW + 5.0
     assert unit.idempotency_key == idempotency_key("order-42", "reserve")
     assert (task.state, task.locked_by, task.epoch) == (T.PROCESSING, "s1", 1)
     assert (task.steps[0].state, task.steps[0].attempts) == (S.RUNNING, 1)
@@ -106,9 +149,9 @@ def test_ok_reply_completes_the_step_and_starts_the_next() -> None:
     assert (t.from_state, t.state, t.owner, t.epoch, t.claim) == (
         T.PROCESSING, T.PROCESSING, "s1", 1, False)
     assert (t.cursor, t.locked_by, t.complete_by) == (1, "s1", NOW + 1 + 10.0)
-    done, start = t.units
+    done, start = moves(t)
     assert (done.name, done.state, done.result) == ("reserve", S.COMPLETED, {"sku": 1})
-    assert (start.name, start.state, start.started) == ("charge", S.RUNNING, True)
+    assert (start.name, start.state, start.attempts) == ("charge", S.RUNNING, 1)
     assert t.events == [("step_completed", "reserve")]
     assert task.steps[0].result == {"sku": 1}
 
@@ -134,10 +177,10 @@ def test_release_on_shutdown_hands_the_task_back_without_a_failure() -> None:
     assert (t.owner, t.epoch, t.from_state) == ("s1", 1, T.PROCESSING)  # fenced on the holder
     assert (t.state, t.locked_by, t.complete_by, t.available_at) == (
         T.PENDING, None, None, NOW + 2)
-    assert (t.failure_count, [(u.name, u.state, u.failed) for u in t.units]) == (
-        0, [("charge", S.PENDING, False)])
+    assert (t.failure_count, [(u.name, u.state, u.failure_count) for u in moves(t)]) == (
+        0, [("charge", S.PENDING, 0)])
     t = plan.claim(task, "s2", NOW + 3)
-    assert t.units[0].name == "charge"  # resumed at the step it stopped at (M4)
+    assert moves(t)[0].name == "charge"  # resumed at the step it stopped at (M4)
     assert task.steps[0].attempts == 1
 
 
@@ -149,7 +192,7 @@ def test_release_while_compensating_stays_compensating() -> None:
     plan.reply(task, "s1", False, None, "declined", NOW)
     t = plan.release(task, "s1", NOW)
     assert (t.state, t.locked_by) == (T.COMPENSATING, None)
-    assert [(u.phase, u.state) for u in t.units] == [(Phase.UNDO, S.PENDING)]
+    assert [(u.phase, u.state) for u in moves(t)] == [(Phase.UNDO, S.PENDING)]
     assert undo_order(plan, task, owner="s2") == ["reserve"]
 
 
@@ -163,11 +206,11 @@ def test_permanent_error_compensates_completed_steps_in_reverse_skipping_no_undo
     run_until(plan, task, 3)
     t = plan.reply(task, "s1", False, None, "address refused", NOW)
     assert (t.state, t.phase, t.locked_by) == (T.COMPENSATING, Phase.UNDO, "s1")
-    failed, undo = t.units
+    failed, undo = moves(t)
     assert (failed.name, failed.phase, failed.state) == ("ship", Phase.DO, S.FAILED)
     assert not failed.in_doubt  # the remote refused: nothing of it to undo
-    assert (undo.name, undo.phase, undo.state, undo.started) == (
-        "pack", Phase.UNDO, S.RUNNING, True)
+    assert (undo.name, undo.phase, undo.state, undo.attempts) == (
+        "pack", Phase.UNDO, S.RUNNING, 1)
     assert undo.idempotency_key == idempotency_key("order-42", "pack", Phase.UNDO)
     assert t.complete_by == NOW + 2.0  # the undo gets the step's window
     assert t.events == [("compensating", "ship")]
@@ -185,7 +228,7 @@ def test_compensation_reply_hands_over_the_next_undo_and_finishes_compensated() 
     run_until(plan, task, 3)
     plan.reply(task, "s1", False, None, "refused", NOW)
     t = plan.reply(task, "s1", True, None, None, NOW)  # pack undone
-    assert [(u.name, u.phase, u.state) for u in t.units] == [
+    assert [(u.name, u.phase, u.state) for u in moves(t)] == [
         ("pack", Phase.UNDO, S.COMPENSATED), ("reserve", Phase.UNDO, S.RUNNING)]
     assert (t.state, t.cursor) == (T.COMPENSATING, 0)
     t = plan.reply(task, "s1", True, None, None, NOW)  # reserve undone
@@ -201,7 +244,7 @@ def test_permanent_error_on_the_first_step_compensates_nothing() -> None:
     task = new_task(plan)
     plan.claim(task, "s1", NOW)
     t = plan.reply(task, "s1", False, None, "out of stock", NOW)
-    assert [(u.phase, u.state) for u in t.units] == [(Phase.DO, S.FAILED)]
+    assert [(u.phase, u.state) for u in moves(t)] == [(Phase.DO, S.FAILED)]
     assert ("compensating", "reserve") in t.events
     assert undo_order(plan, task) == []
     assert task.state is T.COMPENSATED
@@ -218,7 +261,7 @@ def test_permanent_error_with_error_policy_raises_an_alert() -> None:
     assert t.alert == "step charge failed: card declined"
     assert (t.alert_step, t.alert_agent) == ("charge", "payments")
     assert t.events == [("error", "charge")]
-    assert [(u.name, u.state, u.error) for u in t.units] == [
+    assert [(u.name, u.state, u.error) for u in moves(t)] == [
         ("charge", S.FAILED, "card declined")]
     assert task.steps[0].state is S.COMPLETED  # nothing undone under this policy
 
@@ -249,8 +292,8 @@ def test_expiry_below_threshold_releases_with_backoff() -> None:
                                                                     NOW + 6)
     assert (t.actor, t.state, t.locked_by, t.complete_by) == ("sup-1", T.PENDING, None, None)
     assert (t.failure_count, t.available_at) == (1, NOW + 6 + 0.5)
-    [unit] = t.units
-    assert (unit.state, unit.failed, unit.from_state) == (S.PENDING, True, S.RUNNING)
+    [unit] = moves(t)
+    assert (unit.state, unit.failure_count, unit.from_state) == (S.PENDING, 1, S.RUNNING)
     assert (task.steps[0].state, task.steps[0].failure_count) == (S.PENDING, 1)
     plan.claim(task, "s2", NOW + 7)
     t = plan.expire(task, "sup-1", NOW + 13)
@@ -268,7 +311,7 @@ def test_expiry_at_threshold_with_error_policy_alerts() -> None:
     assert (t.state, t.locked_by, t.failure_count) == (T.ERROR, None, 2)
     assert t.alert is not None and "charge" in t.alert
     assert (t.alert_step, t.alert_agent) == ("charge", "payments")
-    [unit] = t.units
+    [unit] = moves(t)
     assert (unit.state, unit.in_doubt) == (S.FAILED, True)
 
 
@@ -281,7 +324,7 @@ def test_expiry_at_threshold_with_compensate_undoes_the_in_doubt_step_first() ->
     # the supervisor never runs anything: it leaves the undo for a scheduler to claim
     assert (t.state, t.locked_by, t.available_at, t.cursor) == (
         T.COMPENSATING, None, NOW + 3, 2)
-    assert [(u.name, u.state, u.in_doubt) for u in t.units] == [("pack", S.FAILED, True)]
+    assert [(u.name, u.state, u.in_doubt) for u in moves(t)] == [("pack", S.FAILED, True)]
     assert t.events == [("compensating", "pack")]
     assert undo_order(plan, task) == ["pack", "reserve"]
     assert task.state is T.COMPENSATED
@@ -319,9 +362,10 @@ def test_compensation_expiry_is_recovered_like_a_step() -> None:
     plan.reply(task, "s1", False, None, "declined", NOW)  # -> undo reserve, running
     t = plan.expire(task, "sup", NOW + 6)
     assert (t.state, t.locked_by, t.failure_count) == (T.COMPENSATING, None, 1)
-    assert [(u.phase, u.state, u.failed) for u in t.units] == [(Phase.UNDO, S.PENDING, True)]
+    assert [(u.phase, u.state, u.failure_count) for u in moves(t)] == [
+        (Phase.UNDO, S.PENDING, 1)]
     t = plan.claim(task, "s2", NOW + 7)
-    assert [(u.phase, u.state) for u in t.units] == [(Phase.UNDO, S.RUNNING)]
+    assert [(u.phase, u.state) for u in moves(t)] == [(Phase.UNDO, S.RUNNING)]
     assert task.steps[0].compensation is not None
     assert task.steps[0].compensation.attempts == 2
     t = plan.expire(task, "sup", NOW + 20)
@@ -338,7 +382,7 @@ def test_permanent_error_in_a_compensation_alerts() -> None:
     t = plan.reply(task, "s1", False, None, "already shipped", NOW)
     assert t.state is T.ERROR
     assert t.alert == "compensation of reserve failed: already shipped"
-    assert [(u.phase, u.state) for u in t.units] == [(Phase.UNDO, S.FAILED)]
+    assert [(u.phase, u.state) for u in moves(t)] == [(Phase.UNDO, S.FAILED)]
 
 
 # ---------------------------------------------------------------- operator (E8)
@@ -360,10 +404,10 @@ def test_retry_resubmits_the_failed_step() -> None:
     assert (t.actor, t.from_state, t.state, t.locked_by) == (
         "operator", T.ERROR, T.PENDING, None)
     assert (t.failure_count, t.available_at, t.error) == (0, NOW + 100, None)
-    [unit] = t.units
-    assert (unit.name, unit.state, unit.reset_failures) == ("charge", S.PENDING, True)
+    [unit] = moves(t)
+    assert (unit.name, unit.state, unit.failure_count) == ("charge", S.PENDING, 0)
     t = plan.claim(task, "s2", NOW + 101)
-    assert t.units[0].name == "charge"  # resumes where it failed, reserve is not rerun
+    assert moves(t)[0].name == "charge"  # resumes where it failed, reserve is not rerun
 
 
 def test_retry_naming_another_step_is_refused() -> None:
@@ -384,7 +428,7 @@ def test_retry_of_a_failed_compensation_resumes_compensating() -> None:
     plan.reply(task, "s1", False, None, "refund refused", NOW)
     t = plan.retry(task, NOW)
     assert (t.state, t.locked_by) == (T.COMPENSATING, None)
-    assert [(u.phase, u.state) for u in t.units] == [(Phase.UNDO, S.PENDING)]
+    assert [(u.phase, u.state) for u in moves(t)] == [(Phase.UNDO, S.PENDING)]
     assert undo_order(plan, task) == ["reserve"]
 
 
@@ -420,7 +464,7 @@ def test_compensate_a_running_task_undoes_the_interrupted_step_too() -> None:
     t = plan.compensate(task, NOW)
     assert (t.actor, t.owner, t.state, t.locked_by) == (
         "operator", "s1", T.COMPENSATING, None)
-    assert [(u.name, u.state, u.in_doubt) for u in t.units] == [("pack", S.FAILED, True)]
+    assert [(u.name, u.state, u.in_doubt) for u in moves(t)] == [("pack", S.FAILED, True)]
     assert undo_order(plan, task, owner="s2") == ["pack", "reserve"]
 
 
@@ -440,7 +484,7 @@ def test_compensate_a_pending_task_undoes_nothing_it_has_not_started() -> None:
     plan = make_plan()
     task = new_task(plan)
     t = plan.compensate(task, NOW)
-    assert t.units == []
+    assert moves(t) == []
     assert undo_order(plan, task) == []
     assert task.state is T.COMPENSATED
 
@@ -469,9 +513,9 @@ def test_cancel_stops_an_unfinished_task_undoing_nothing(state: TaskState) -> No
     assert (t.from_state, t.state, t.owner, t.locked_by) == (state, T.CANCELLED, owner, None)
     assert t.events == [("cancelled", None)]
     if state is T.PENDING:
-        assert t.units == []
+        assert moves(t) == []
     else:  # the step that was running is left failed and in doubt, not "running" forever
-        (unit,) = t.units
+        (unit,) = moves(t)
         assert (unit.name, unit.from_state, unit.state, unit.in_doubt) == (
             "charge", S.RUNNING, S.FAILED, True)
 
@@ -486,7 +530,7 @@ def test_cancel_of_a_step_released_after_a_dispatch_leaves_it_in_doubt() -> None
     plan.expire(task, "sup-1", NOW + 6)
     assert (task.state, task.steps[0].state, task.steps[0].attempts) == (T.PENDING, S.PENDING, 1)
     t = plan.cancel(task, NOW + 6.1)
-    (unit,) = t.units
+    (unit,) = moves(t)
     assert (unit.name, unit.from_state, unit.state, unit.in_doubt) == (
         "reserve", S.PENDING, S.FAILED, True)
 
@@ -504,27 +548,71 @@ def test_cancel_is_refused_when_compensating_or_finished(state: TaskState) -> No
 # ---------------------------------------------------------------- shape of every transition
 
 
-def _every_transition() -> list[Transition]:
+def _every_transition() -> list[tuple[Task, Transition]]:
+    """Each transition of a short saga, with the snapshot it was planned from."""
     plan = make_plan(max_failures=2)
     task = new_task(plan)
-    out = [plan.claim(task, "s1", NOW)]
-    out.append(plan.reply(task, "s1", True, 1, None, NOW))
-    out.append(plan.expire(task, "sup", NOW + 20))
-    out.append(plan.claim(task, "s1", NOW + 21))
-    out.append(plan.reply(task, "s1", True, 2, None, NOW))
-    out.append(plan.reply(task, "s1", False, None, "no", NOW))
-    out.append(plan.reply(task, "s1", True, None, None, NOW))
+    decisions: list[Callable[[], Transition]] = [
+        lambda: plan.claim(task, "s1", NOW),
+        lambda: plan.reply(task, "s1", True, 1, None, NOW),
+        lambda: plan.expire(task, "sup", NOW + 20),
+        lambda: plan.claim(task, "s1", NOW + 21),
+        lambda: plan.reply(task, "s1", True, 2, None, NOW),
+        lambda: plan.reply(task, "s1", False, None, "no", NOW),
+        lambda: plan.reply(task, "s1", True, None, None, NOW)]
+    out = []
+    for decide in decisions:
+        before = copy.deepcopy(task)
+        out.append((before, decide()))
     return out
 
 
 def test_transitions_only_set_results_on_completion() -> None:
-    """A unit change carries a result only when it completes (the store keeps it otherwise)."""
-    for transition in _every_transition():
+    """A unit's row carries a new result only when it completes (or its undo does);
+    otherwise the result its step (or undo) had, kept."""
+    seen = set()
+    for before, transition in _every_transition():
         for unit in transition.units:
+            step = before.steps[unit.index]
             if unit.phase is Phase.DO and unit.state is S.COMPLETED:
-                assert unit.result is not UNSET
+                assert unit.result is not None and step.result is None
+                seen.add("completed")
+            elif unit.phase is Phase.DO:
+                assert unit.result == step.result, (transition.why, unit)
+                seen.add("kept")
             elif unit.state is not S.COMPENSATED:
-                assert unit.result is UNSET, (transition.why, unit)
+                kept = step.compensation.result if step.compensation else None
+                assert unit.result == kept, (transition.why, unit)
+    assert seen == {"completed", "kept"}
+
+
+def test_an_undo_carries_the_row_of_its_step_showing_where_it_stands() -> None:
+    """S9: with each change of a compensation comes its step's complete row, the same
+    but for its state (compensating, then compensated), which is no move of its own."""
+    plan = make_plan()
+    task = new_task(plan)
+    run_until(plan, task, 1)
+    reserve = copy.deepcopy(task.steps[0])
+    t = plan.reply(task, "s1", False, None, "declined", NOW)  # charge refused: undo reserve
+    rows = [u for u in t.units if u.index == 0]
+    assert [(u.phase, u.state, u.in_history) for u in rows] == [
+        (Phase.UNDO, S.RUNNING, True), (Phase.DO, S.COMPENSATING, False)]
+    shown = rows[1]
+    assert (shown.attempts, shown.result, shown.complete_by, shown.from_state) == (
+        reserve.attempts, reserve.result, reserve.complete_by, S.COMPLETED)
+    t = plan.reply(task, "s1", True, {"refund": 1}, None, NOW)
+    assert [(u.phase, u.state, u.in_history) for u in t.units if u.index == 0] == [
+        (Phase.UNDO, S.COMPENSATED, True), (Phase.DO, S.COMPENSATED, False)]
+    assert task.steps[0].compensation is not None
+    assert task.steps[0].compensation.result == {"refund": 1}
+    assert task.steps[0].result == reserve.result
+
+
+def test_a_transition_applied_twice_changes_nothing_more() -> None:
+    """Values, not deltas: the task once a transition applied is a fixed point of it."""
+    for before, transition in _every_transition():
+        once = applied(before, transition)
+        assert applied(once, transition) == once, transition.why
 
 
 # ---------------------------------------------------------------- nothing left to undo
@@ -607,7 +695,7 @@ def test_expiry_and_cancel_of_another_version_read_only_the_tasks_own_steps() ->
     run_until(old, task, 2)
     shrunk = make_plan(steps=STEPS[:1])
     released = shrunk.expire(task, "sup", NOW + 10)
-    assert (released.state, released.cursor, released.units[0].name) == (T.PENDING, 2, "pack")
+    assert (released.state, released.cursor, moves(released)[0].name) == (T.PENDING, 2, "pack")
     assert shrunk.cancel(task, NOW + 11).state is T.CANCELLED
 
 
@@ -628,7 +716,7 @@ def test_migrate_keeps_the_steps_that_ran_and_takes_the_new_ones() -> None:
         ("reserve", S.COMPLETED), ("charge", S.PENDING), ("label", S.PENDING)]
     assert task.steps[0].result == {"done": "reserve"}
     claimed = new.claim(task, "s2", NOW)
-    assert claimed.units[-1].name == "charge"
+    assert moves(claimed)[-1].name == "charge"
 
 
 @pytest.mark.parametrize(("steps", "why"), [

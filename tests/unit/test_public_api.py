@@ -101,7 +101,7 @@ def test_default_store_is_sasflow_db_or_the_environment(
     monkeypatch.delenv("SASFLOW_STORE", raising=False)
     app = sasflow.App()
     try:
-        store = app.store
+        store = app._store
         assert isinstance(store, SQLiteStore)
         assert Path(store.path) == tmp_path / "sasflow.db"
     finally:
@@ -109,7 +109,7 @@ def test_default_store_is_sasflow_db_or_the_environment(
     monkeypatch.setenv("SASFLOW_STORE", f"sqlite:///{tmp_path / 'from-env.db'}")
     app = sasflow.App()
     try:
-        store = app.store
+        store = app._store
         assert isinstance(store, SQLiteStore)
         assert Path(store.path) == tmp_path / "from-env.db"
     finally:

@@ -22,17 +22,17 @@ async def test_a_wake_up_while_every_slot_is_busy_claims_nothing(db_url: str) ->
         return {}
 
     app.workflow("wf", steps=[Step("s", agent="held", timeout=30.0)])
-    worker = app.worker(concurrency=1, roles=["scheduler", "agent"])
+    worker = app._worker(concurrency=1, roles=["scheduler", "agent"])
     scheduler = worker.scheduler
     assert scheduler is not None
     claims: list[int] = []
-    claim = app.store.claim
+    claim = app._store.claim
 
     async def counted(owner: str, limit: int, plans: Any) -> list[Task]:
         claims.append(limit)
         return await claim(owner, limit, plans)
 
-    app.store.claim = counted  # type: ignore[method-assign]
+    app._store.claim = counted  # type: ignore[method-assign]
     running = asyncio.create_task(worker.run())
     try:
         await app.asubmit("wf", {}, task_id="t1")
@@ -53,7 +53,7 @@ async def test_a_wake_up_while_every_slot_is_busy_claims_nothing(db_url: str) ->
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
-        await app.store.close()
+        await app._store.close()
 
 
 async def test_tasks_held_at_shutdown_are_handed_back_without_a_failure(db_url: str) -> None:
@@ -66,7 +66,7 @@ async def test_tasks_held_at_shutdown_are_handed_back_without_a_failure(db_url: 
         return {}
 
     app.workflow("wf", steps=[Step("s", agent="slow", timeout=60.0)])
-    worker = app.worker(roles=["scheduler", "agent"])
+    worker = app._worker(roles=["scheduler", "agent"])
     running = asyncio.create_task(worker.run())
     await app.asubmit("wf", {}, task_id="t1")
     async with asyncio.timeout(60):  # a hang guard, not a speed claim
@@ -79,7 +79,7 @@ async def test_tasks_held_at_shutdown_are_handed_back_without_a_failure(db_url: 
     assert task.steps[0].state.value == "pending"
     history = await app.ahistory("t1")
     assert "released" in (history[-2].why or "")
-    await app.store.close()
+    await app._store.close()
 
 
 async def test_a_claim_that_commits_as_the_worker_stops_is_handed_back(db_url: str) -> None:
@@ -92,9 +92,9 @@ async def test_a_claim_that_commits_as_the_worker_stops_is_handed_back(db_url: s
         return {}
 
     app.workflow("wf", steps=[Step("s", agent="noop", timeout=60.0)])
-    worker = app.worker(roles=["scheduler"])
+    worker = app._worker(roles=["scheduler"])
     committed, stopping = asyncio.Event(), asyncio.Event()
-    claim = app.store.claim
+    claim = app._store.claim
 
     async def late_answer(owner: str, limit: int, plans: Any) -> list[Task]:
         claimed = await claim(owner, limit, plans)
@@ -103,7 +103,7 @@ async def test_a_claim_that_commits_as_the_worker_stops_is_handed_back(db_url: s
             await stopping.wait()  # the answer comes back after the stop was asked for
         return claimed
 
-    app.store.claim = late_answer  # type: ignore[method-assign]
+    app._store.claim = late_answer  # type: ignore[method-assign]
     await app.asubmit("wf", {}, task_id="t1")
     running = asyncio.create_task(worker.run())
     await committed.wait()
@@ -113,4 +113,4 @@ async def test_a_claim_that_commits_as_the_worker_stops_is_handed_back(db_url: s
     await asyncio.gather(running, return_exceptions=True)
     task = await app.aget("t1")
     assert (task.state.value, task.locked_by, task.failure_count) == ("pending", None, 0)
-    await app.store.close()
+    await app._store.close()

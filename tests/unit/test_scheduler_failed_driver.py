@@ -36,7 +36,7 @@ async def test_a_failed_driver_drops_its_task_from_the_held_set_and_leaves_it_to
 
     app.workflow("wf", steps=[Step("s", agent="remote", timeout=60.0)])
     transport = _RefusingTransport()
-    scheduler = Scheduler(app.store, transport, app.plans(), instance_id="sched-1")
+    scheduler = Scheduler(app._store, transport, app._plans(), instance_id="sched-1")
     running = asyncio.create_task(scheduler.run())
     try:
         await app.asubmit("wf", {}, task_id="t1")
@@ -51,4 +51,4 @@ async def test_a_failed_driver_drops_its_task_from_the_held_set_and_leaves_it_to
     task = await app.aget("t1")
     assert (task.state.value, task.locked_by, task.failure_count) == (
         "processing", "sched-1", 0)
-    await app.store.close()
+    await app._store.close()

@@ -9,8 +9,11 @@ or from a read the task has moved on from), a scheduler hands it back on
 shutdown, operators retry, compensate or cancel.
 
 The task lives in an in-memory record built ONLY from the Transitions applied
-to it, with a store's fencing rules, so what is checked is what a store would
-hold. After every step the pattern's invariants must hold.
+to it (transition.applied, as the in-memory store applies them), with a store's
+fencing rules, so what is checked is what a store would hold. Each scheduler
+holds its own snapshot and moves it the same way. After every step the pattern's
+invariants must hold, and the planner must have left the snapshot it planned from
+as it was.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from hypothesis.stateful import (
 
 from sasflow.errors import InvalidTransitionError
 from sasflow.model import (
-    CompensationRecord,
     Phase,
     StepRecord,
     StepState,
@@ -42,7 +44,7 @@ from sasflow.model import (
     idempotency_key,
 )
 from sasflow.plan import Plan
-from sasflow.transition import UNSET, Transition, UnitChange
+from sasflow.transition import Transition, UnitChange, applied
 from sasflow.workflow import Step, Workflow
 
 T, S = TaskState, StepState
@@ -81,7 +83,6 @@ class Record:
                          steps=[StepRecord(name=s.name, agent=s.agent, state=S.PENDING,
                                            idempotency_key=idempotency_key(TASK_ID, s.name))
                                 for s in plan.workflow.steps])
-        self.available_at = 0.0
         self.applied: list[Transition] = []
 
     def snapshot(self) -> Task:
@@ -89,8 +90,8 @@ class Record:
 
     def fence_holds(self, t: Transition) -> bool:
         task = self.task
-        if (task.epoch, task.state, task.locked_by, task.phase, task.cursor) != (
-                t.epoch, t.from_state, t.owner, t.from_phase, t.from_cursor):
+        if (task.epoch, task.state, task.locked_by, task.phase, task.cursor, task.version) != (
+                t.epoch, t.from_state, t.owner, t.from_phase, t.from_cursor, t.from_version):
             return False
         return t.expired_before is None or (
             task.complete_by is not None and task.complete_by < t.expired_before)
@@ -99,35 +100,17 @@ class Record:
         """All of the transition, or nothing if its fence no longer holds."""
         if not self.fence_holds(t):
             return False
-        task = self.task
-        task.state, task.phase, task.cursor = t.state, t.phase, t.cursor
-        task.locked_by, task.complete_by = t.locked_by, t.complete_by
-        task.failure_count, task.error = t.failure_count, t.error
-        task.epoch += t.claim
-        if t.available_at is not None:
-            self.available_at = t.available_at
-        for unit in t.units:
-            step = task.steps[unit.index]
-            if unit.phase is Phase.DO:
-                target: StepRecord | CompensationRecord = step
-                step.in_doubt = step.in_doubt or unit.in_doubt
-                if unit.result is not UNSET:
-                    step.result = unit.result
-            else:
-                if step.compensation is None:
-                    step.compensation = CompensationRecord(
-                        state=unit.state, idempotency_key=unit.idempotency_key)
-                target = step.compensation
-                # the step shows where its undo stands
-                step.state = S.COMPENSATED if unit.state is S.COMPENSATED else S.COMPENSATING
-            target.state, target.error = unit.state, unit.error
-            target.attempts += unit.started
-            target.failure_count = 0 if unit.reset_failures else (
-                target.failure_count + unit.failed)
-            if unit.complete_by is not None:
-                target.complete_by = unit.complete_by
+        self.task = applied(self.task, t)
         self.applied.append(t)
         return True
+
+
+def decided(view: Task, decide: Callable[[Task], Transition]) -> Transition:
+    """`decide` on `view`, which the planner must leave exactly as it was."""
+    before = copy.deepcopy(view)
+    t = decide(view)
+    assert view == before, f"the planner changed the snapshot it was given: {t.why}"
+    return t
 
 
 class TaskLifecycle(RuleBasedStateMachine):
@@ -152,23 +135,36 @@ class TaskLifecycle(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ applying, with checks
     def commit(self, t: Transition, view: Task | None = None) -> bool:
-        """Apply `t` to the record, checking it against the pattern's rules first."""
+        """Apply `t` to the record, checking it against the pattern's rules first;
+        `view` is the snapshot `t` was planned from."""
         before = self.record.snapshot()
         fresh = self.record.fence_holds(t)
-        applied = self.record.apply(t)
-        assert applied == fresh
-        if not applied:
+        landed = self.record.apply(t)
+        assert landed == fresh
+        if not landed:
             assert self.record.task == before
             return False
         assert before.state not in FINISHED, f"{before.state} changed by {t.why}"
         if before.state is T.ERROR:
             assert t.actor == "operator", f"only an operator moves a task out of error: {t}"
         assert t.from_state is t.state or can_move(t.from_state, t.state), t.why
+        keys = [(unit.phase, unit.index) for unit in t.units]
+        assert len(keys) == len(set(keys)), f"a row written twice by {t.why}"
         for unit in t.units:
             self.check_unit(before, unit)
         if view is not None:
             # the planner's own idea of the task is exactly what the store now holds
-            assert view == self.record.task, t.why
+            assert applied(view, t) == self.record.task, t.why
+        # values, not deltas: the same write again changes nothing
+        assert applied(self.record.task, t) == self.record.task, t.why
+        return True
+
+    def commit_held(self, driver: Driver, t: Transition) -> bool:
+        """Commit `t`, planned by `driver` from its snapshot; if it applies, the driver
+        holds the task as it now is, as a scheduler does."""
+        if not self.commit(t, driver.view):
+            return False
+        driver.view = applied(driver.view, t)
         return True
 
     def check_unit(self, before: Task, unit: UnitChange) -> None:
@@ -176,6 +172,17 @@ class TaskLifecycle(RuleBasedStateMachine):
         assert unit.idempotency_key == idempotency_key(TASK_ID, step.name, unit.phase)
         if unit.phase is Phase.DO:
             assert unit.from_state is step.state  # the history tells the truth
+            # a new dispatch counts one attempt; failures count up one, or reset to 0
+            assert unit.attempts - step.attempts in (0, 1), unit
+            assert unit.attempts == step.attempts or unit.state is S.RUNNING, unit
+            assert unit.failure_count in (0, step.failure_count, step.failure_count + 1)
+            assert unit.in_doubt >= step.in_doubt, "in doubt once, in doubt for good"
+            if unit.state is not S.COMPLETED:
+                assert unit.result == step.result, "a result is kept unless it completes"
+            if not unit.in_history:  # the step's row showing where its undo stands
+                assert unit.state in (S.COMPENSATING, S.COMPENSATED), unit
+                assert (unit.attempts, unit.failure_count, unit.error) == (
+                    step.attempts, step.failure_count, step.error)
             if unit.state is S.COMPLETED:
                 self.completed[unit.index] += 1
                 assert self.completed[unit.index] == 1, f"{step.name} completed twice"
@@ -184,8 +191,13 @@ class TaskLifecycle(RuleBasedStateMachine):
                 self.ever_done.add(unit.index)
             return
         assert step.agent in self.plan.compensable, f"{step.name} cannot be undone"
-        assert unit.from_state is (step.compensation.state if step.compensation else None)
-        if unit.started and unit.index not in self.undo_started:
+        undo = step.compensation
+        assert unit.from_state is (undo.state if undo else None)
+        attempts = undo.attempts if undo else 0
+        assert unit.attempts - attempts in (0, 1), unit
+        started = unit.attempts > attempts  # a new dispatch of the undo
+        assert not started or unit.state is S.RUNNING, unit
+        if started and unit.index not in self.undo_started:
             assert unit.index in self.ever_done, f"undo of {step.name}, which never ran"
             assert all(unit.index < i for i in self.undo_started), "undo out of order"
             self.undo_started.append(unit.index)
@@ -196,7 +208,7 @@ class TaskLifecycle(RuleBasedStateMachine):
 
     def plan_on_copy(self, decide: Callable[[Task], Transition]) -> tuple[Task, Transition]:
         view = self.record.snapshot()
-        return view, decide(view)
+        return view, decided(view, decide)
 
     def held(self) -> list[Driver]:
         """Drivers that believe they hold the task (they would still be waiting for a reply)."""
@@ -210,11 +222,11 @@ class TaskLifecycle(RuleBasedStateMachine):
     @rule(owner=st.sampled_from(["s1", "s2"]), wait=st.integers(0, 5))
     def claim(self, owner: str, wait: int) -> None:
         # a store hands the task out only from its available-at time on
-        self.now = max(self.now + wait, self.record.available_at)
+        self.now = max(self.now + wait, self.record.task.available_at)
         view, t = self.plan_on_copy(lambda v: self.plan.claim(v, owner, self.now))
         assert t.claim and t.owner is None
         assert self.commit(t, view)
-        self.drivers = [*self.drivers[-3:], Driver(owner, view)]
+        self.drivers = [*self.drivers[-3:], Driver(owner, applied(view, t))]
 
     def holder(self) -> Driver | None:
         """The driver whose view is the task as it is: the one instance that holds it."""
@@ -239,10 +251,16 @@ class TaskLifecycle(RuleBasedStateMachine):
             self.now += wait
             ok, failures = outcome == "ok", self.record.task.failure_count
             result = {"by": driver.owner, "at": self.now} if ok else None
-            t = self.plan.reply(driver.view, driver.owner, ok, result,
-                                None if ok else f"{outcome} failure", self.now,
-                                permanent=outcome == "permanent")
-            assert self.commit(t, driver.view), "the holder's reply must land"
+            error = None if ok else f"{outcome} failure"
+            permanent = outcome == "permanent"
+
+            def reply(v: Task, ok: bool = ok, result: object = result,
+                      error: str | None = error, permanent: bool = permanent) -> Transition:
+                return self.plan.reply(v, driver.owner, ok, result, error, self.now,
+                                       permanent=permanent)
+
+            t = decided(driver.view, reply)
+            assert self.commit_held(driver, t), "the holder's reply must land"
             if outcome == "gave up":
                 assert self.record.task.failure_count == failures + 1
 
@@ -257,12 +275,13 @@ class TaskLifecycle(RuleBasedStateMachine):
         and roll the completed step back to be run again."""
         driver = self.holder()
         assert driver is not None
-        t = self.plan.reply(driver.view, driver.owner, True, {"by": driver.owner}, None,
-                            self.now)
+        t = decided(driver.view, lambda v: self.plan.reply(v, driver.owner, True,
+                                                            {"by": driver.owner}, None,
+                                                            self.now))
         assert t.complete_by is not None
         self.now = t.complete_by + 0.5  # the write is still on its way
         _, expiry = self.plan_on_copy(lambda v: self.plan.expire(v, "sup-1", self.now))
-        assert self.commit(t, driver.view)
+        assert self.commit_held(driver, t)
         assert not self.commit(expiry)
 
     def stale(self) -> list[Driver]:
@@ -274,10 +293,10 @@ class TaskLifecycle(RuleBasedStateMachine):
         """A reply reaches a driver the task was taken from: it must change nothing (M1)."""
         driver = data.draw(st.sampled_from(self.stale()))
         ok = outcome == "ok"
-        t = self.plan.reply(driver.view, driver.owner, ok, {"late": True} if ok else None,
-                            None if ok else f"{outcome} failure", self.now,
-                            permanent=outcome == "permanent")
-        assert not self.commit(t, driver.view)
+        t = decided(driver.view, lambda v: self.plan.reply(
+            v, driver.owner, ok, {"late": True} if ok else None,
+            None if ok else f"{outcome} failure", self.now, permanent=outcome == "permanent"))
+        assert not self.commit_held(driver, t)
         self.drivers.remove(driver)  # taken away: the driver lets go
 
     @precondition(lambda self: bool(self.held()))
@@ -287,8 +306,8 @@ class TaskLifecycle(RuleBasedStateMachine):
         driver = data.draw(st.sampled_from(self.held()))
         current = driver.view == self.record.task
         failures = self.record.task.failure_count
-        t = self.plan.release(driver.view, driver.owner, self.now)
-        assert self.commit(t, driver.view) == current
+        t = decided(driver.view, lambda v: self.plan.release(v, driver.owner, self.now))
+        assert self.commit_held(driver, t) == current
         if current:
             assert self.record.task.failure_count == failures
             assert self.record.task.locked_by is None

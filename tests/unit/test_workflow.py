@@ -109,9 +109,6 @@ def test_a_valid_declaration_keeps_order_and_policy() -> None:
     assert [s.name for s in wf.steps] == ["reserve", "charge", "ship"]
     assert wf.max_failures == 1
     assert wf.on_failure is OnFailure.ERROR
-    assert wf.index_of("ship") == 2
-    with pytest.raises(ConfigurationError, match="has no step 'pack'"):
-        wf.index_of("pack")
 
 
 def test_release_delay_doubles_and_is_capped() -> None:

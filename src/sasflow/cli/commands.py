@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from sasflow.app import DEFAULT_STORE, default_instance_id
+from sasflow.backends import DEFAULT_STORE
 from sasflow.cli.app_ref import APP_REF, AppRef, load_app
 from sasflow.cli.options import (
     CONNECT_WITHIN,
@@ -23,7 +23,7 @@ from sasflow.cli.options import (
 )
 from sasflow.errors import ConfigurationError, PayloadError, SasflowError
 from sasflow.redact import RedactingFilter, redact
-from sasflow.worker import DEFAULT_HEARTBEAT, ROLES
+from sasflow.worker import DEFAULT_HEARTBEAT, ROLES, default_instance_id
 
 __all__ = ["demo", "submit", "worker"]
 

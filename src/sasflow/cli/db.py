@@ -6,7 +6,7 @@ import asyncio
 
 import click
 
-from sasflow.app import DEFAULT_STORE
+from sasflow.backends import DEFAULT_STORE
 from sasflow.cli.options import CONNECT_WITHIN, store_option
 from sasflow.redact import redact
 from sasflow.store import open_store

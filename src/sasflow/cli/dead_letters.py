@@ -9,23 +9,21 @@ changes nothing: a listed dead letter stays until ``purge``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 
-from sasflow.app import DEFAULT_STORE
+from sasflow.app import DEFAULT_STORE, App
 from sasflow.cli import output
 from sasflow.cli.options import logging_disabled, option, store_option, transport_option
 from sasflow.errors import InputError
 from sasflow.model import isoformat
-from sasflow.store import open_store
-from sasflow.transport import DeadLetter, is_in_process, open_transport
-from sasflow.transport.dead_letter import DeadLetterReader, preview
+from sasflow.transport import DeadLetter
+from sasflow.transport.dead_letter import preview
 
 __all__ = ["dead_letters"]
 
@@ -53,28 +51,18 @@ def _json_option(f: F) -> F:
                   help="Print JSON instead of a table.")(f)
 
 
-def _with_box(ctx: click.Context, store: str | None, transport: str | None,
-              work: Callable[[DeadLetterReader], Coroutine[Any, Any, T]]) -> T:
-    """Run `work` on where the dead letters are kept, then close it."""
+def _with_app(ctx: click.Context, store: str | None, transport: str | None,
+              read: Callable[[App], T]) -> T:
+    """`read` through an App on where the dead letters are kept, then close it."""
     where = (ctx.find_object(_Where) or _Where()).merged(store, transport)
-
-    async def run() -> T:
-        # opened first in every case: a bad transport URL is refused before anything else
-        opened = open_transport(where.transport)
-        try:
-            if not is_in_process(where.transport):
-                return await work(opened)
-        finally:
-            await opened.close()
-        opened_store = open_store(where.store or DEFAULT_STORE, create=False)
-        try:
-            return await work(opened_store)
-        finally:
-            await opened_store.close()
-
+    app = App(store=where.store or DEFAULT_STORE, transport=where.transport)
+    app.configure(create=False)  # a wrong --store is an error, not a new empty store
     # a client library's own reconnect warnings: the answer, or the error, is one line
     with logging_disabled(logging.WARNING):
-        return asyncio.run(run())
+        try:
+            return read(app)
+        finally:
+            app.close()
 
 
 @click.group("dead-letters")
@@ -94,7 +82,7 @@ def dead_letters(ctx: click.Context, store: str | None, transport: str | None) -
 def list_dead_letters(ctx: click.Context, limit: int, as_json: bool, store: str | None,
                       transport: str | None) -> None:
     """List dead letters, oldest first, bodies cut short."""
-    found = _with_box(ctx, store, transport, lambda box: box.dead_letters(limit=limit))
+    found = _with_app(ctx, store, transport, lambda app: app.dead_letters(limit=limit))
     if as_json:
         click.echo(output.dumps([_json(d, whole=False) for d in found]))
     elif not found:
@@ -114,7 +102,7 @@ def list_dead_letters(ctx: click.Context, limit: int, as_json: bool, store: str 
 def show_dead_letter(ctx: click.Context, letter_id: str, as_json: bool, store: str | None,
                      transport: str | None) -> None:
     """Show one dead letter with its whole body."""
-    letter = _with_box(ctx, store, transport, lambda box: box.dead_letter(letter_id))
+    letter = _with_app(ctx, store, transport, lambda app: app.dead_letter(letter_id))
     if letter is None:
         raise InputError(f"no dead letter {letter_id!r} (see 'sasflow dead-letters list')")
     if as_json:
@@ -136,7 +124,7 @@ def show_dead_letter(ctx: click.Context, letter_id: str, as_json: bool, store: s
 def purge_dead_letters(ctx: click.Context, as_json: bool, store: str | None,
                        transport: str | None) -> None:
     """Forget every dead letter."""
-    count = _with_box(ctx, store, transport, lambda box: box.purge_dead_letters())
+    count = _with_app(ctx, store, transport, lambda app: app.purge_dead_letters())
     click.echo(output.dumps({"purged": count}) if as_json
                else f"purged {count} dead letter{'' if count == 1 else 's'}")
 

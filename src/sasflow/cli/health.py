@@ -19,7 +19,7 @@ import logging
 
 import click
 
-from sasflow.app import DEFAULT_STORE
+from sasflow.backends import DEFAULT_STORE
 from sasflow.cli.options import (
     instance_name,
     logging_disabled,

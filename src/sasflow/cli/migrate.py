@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import click
 
-from sasflow.app import App, Migration
 from sasflow.cli import output
 from sasflow.cli.app_ref import AppRef
-from sasflow.cli.operate import _connection, _json_option, _run
+from sasflow.cli.operate import _connection, _json_option, opened
 from sasflow.cli.options import connection_options, option
 from sasflow.errors import InvalidTransitionError
-from sasflow.store import Store
 
 __all__ = ["migrate_tasks"]
 
@@ -39,12 +37,8 @@ def migrate_tasks(ctx: click.Context, workflow: str, from_version: str | None, d
     the app's declaration; its later steps become the declaration's. Tasks being
     run are left to the workers of their own version.
     """
-
-    async def work(app: App | None, db: Store) -> list[Migration]:
-        assert app is not None  # _connection(need_app=True) made sure
-        return await app.amigrate(workflow, from_version=from_version, dry_run=dry_run)
-
-    done = _run(_connection(ctx, app_ref, store, need_app=True), work)
+    with opened(_connection(ctx, app_ref, store, need_app=True)) as app:
+        done = app.migrate(workflow, from_version=from_version, dry_run=dry_run)
     if as_json:
         click.echo(output.dumps([{"task_id": m.task_id, "from_version": m.from_version,
                                   "to_version": m.to_version, "migrated": m.migrated,

@@ -1,14 +1,16 @@
 """Operator commands: ``sasflow tasks ...`` and ``sasflow alerts list`` (U3, E8).
 
+Each goes through the App's client methods, as an application's own code would.
 Reading needs only the store, so ``list``, ``show`` and ``alerts list`` work
-without the application. Acting on a task (retry, compensate, cancel) needs the
-workflow's definition to plan the change, so those need ``--app``.
+without the application (a bare App on the store). Acting on a task (retry,
+compensate, cancel) needs the workflow's definition to plan the change, so
+those need ``--app``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -17,13 +19,10 @@ from sasflow.app import DEFAULT_STORE, App
 from sasflow.cli import output
 from sasflow.cli.app_ref import AppRef, load_app
 from sasflow.cli.options import CONNECT_WITHIN, Connection, connection_options, option
-from sasflow.errors import UnknownTaskError
 from sasflow.model import Task, TaskState
-from sasflow.store import Store, open_store
 
-__all__ = ["alerts", "tasks"]
+__all__ = ["alerts", "opened", "tasks"]
 
-T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -44,32 +43,22 @@ def _connection(ctx: click.Context, app_ref: AppRef | None, store: str | None, *
     return conn
 
 
-def _run(conn: Connection, work: Callable[[App | None, Store], Coroutine[Any, Any, T]]) -> T:
-    """Run `work` against the app's store (with --app) or the store alone, then close it."""
+@contextlib.contextmanager
+def opened(conn: Connection) -> Iterator[App]:
+    """The application (with --app), else a bare App on the store; closed afterwards.
+
+    Without the application nothing creates the store: a wrong --store is an error
+    rather than a new, empty store."""
     if conn.app_ref is None:
-        store = open_store(conn.store or DEFAULT_STORE, create=False,
-                           connect_within=CONNECT_WITHIN)
-
-        async def alone() -> T:
-            try:
-                return await work(None, store)
-            finally:
-                await store.close()
-
-        return asyncio.run(alone())
-    app = load_app(conn.app_ref)
-    app.configure(store=conn.store, connect_within=CONNECT_WITHIN)
+        app = App(store=conn.store or DEFAULT_STORE)
+        app.configure(connect_within=CONNECT_WITHIN, create=False)
+    else:
+        app = load_app(conn.app_ref)
+        app.configure(store=conn.store, connect_within=CONNECT_WITHIN)
     try:
-        return asyncio.run(work(app, app.store))
+        yield app
     finally:
         app.close()
-
-
-async def _get(store: Store, task_id: str) -> Task:
-    task = await store.get(task_id)
-    if task is None:
-        raise UnknownTaskError(f"unknown task {task_id!r}", task_id=task_id)
-    return task
 
 
 # ---------------------------------------------------------------- tasks
@@ -93,12 +82,8 @@ def tasks(ctx: click.Context, app_ref: AppRef | None, store: str | None) -> None
 def list_tasks(ctx: click.Context, state: str | None, workflow: str | None, limit: int,
                as_json: bool, app_ref: AppRef | None, store: str | None) -> None:
     """List tasks, optionally by state and workflow."""
-    wanted = TaskState(state) if state is not None else None
-
-    async def work(app: App | None, db: Store) -> list[Task]:
-        return await db.list_tasks(state=wanted, workflow=workflow, limit=limit)
-
-    found = _run(_connection(ctx, app_ref, store), work)
+    with opened(_connection(ctx, app_ref, store)) as app:
+        found = app.list(state=state, workflow=workflow, limit=limit)
     if as_json:
         click.echo(output.dumps([t.to_json(steps=False) for t in found]))
     else:
@@ -114,12 +99,9 @@ def list_tasks(ctx: click.Context, state: str | None, workflow: str | None, limi
 def show_task(ctx: click.Context, task_id: str, history: bool, as_json: bool,
               app_ref: AppRef | None, store: str | None) -> None:
     """Show a task, its steps and (--history) its state changes."""
-
-    async def work(app: App | None, db: Store) -> tuple[Task, list[Any]]:
-        task = await _get(db, task_id)
-        return task, (await db.history(task_id) if history else [])
-
-    task, entries = _run(_connection(ctx, app_ref, store), work)
+    with opened(_connection(ctx, app_ref, store)) as app:
+        task = app.get(task_id)
+        entries = app.history(task_id) if history else []
     if as_json:
         shown = task.to_json()
         if history:
@@ -132,12 +114,9 @@ def show_task(ctx: click.Context, task_id: str, history: bool, as_json: bool,
 
 
 def _act(ctx: click.Context, app_ref: AppRef | None, store: str | None, as_json: bool,
-         action: Callable[[App, str], Awaitable[Task]], task_id: str) -> None:
-    async def work(app: App | None, db: Store) -> Task:
-        assert app is not None  # _connection(need_app=True) made sure
-        return await action(app, task_id)
-
-    task = _run(_connection(ctx, app_ref, store, need_app=True), work)
+         action: Callable[[App, str], Task], task_id: str) -> None:
+    with opened(_connection(ctx, app_ref, store, need_app=True)) as app:
+        task = action(app, task_id)
     if as_json:
         click.echo(output.dumps(task.to_json()))
     else:
@@ -153,7 +132,7 @@ def _act(ctx: click.Context, app_ref: AppRef | None, store: str | None, as_json:
 def retry_task(ctx: click.Context, task_id: str, step: str | None, as_json: bool,
                app_ref: AppRef | None, store: str | None) -> None:
     """Resubmit a task's failed step, once its cause is fixed."""
-    _act(ctx, app_ref, store, as_json, lambda app, tid: app.aretry(tid, step), task_id)
+    _act(ctx, app_ref, store, as_json, lambda app, tid: app.retry(tid, step), task_id)
 
 
 @tasks.command("compensate")
@@ -164,7 +143,7 @@ def retry_task(ctx: click.Context, task_id: str, step: str | None, as_json: bool
 def compensate_task(ctx: click.Context, task_id: str, as_json: bool,
                     app_ref: AppRef | None, store: str | None) -> None:
     """Undo a task: compensate its completed steps, last first."""
-    _act(ctx, app_ref, store, as_json, lambda app, tid: app.acompensate(tid), task_id)
+    _act(ctx, app_ref, store, as_json, lambda app, tid: app.compensate(tid), task_id)
 
 
 @tasks.command("cancel")
@@ -175,7 +154,7 @@ def compensate_task(ctx: click.Context, task_id: str, as_json: bool,
 def cancel_task(ctx: click.Context, task_id: str, as_json: bool,
                 app_ref: AppRef | None, store: str | None) -> None:
     """Stop a task where it is, undoing nothing."""
-    _act(ctx, app_ref, store, as_json, lambda app, tid: app.acancel(tid), task_id)
+    _act(ctx, app_ref, store, as_json, lambda app, tid: app.cancel(tid), task_id)
 
 
 # ---------------------------------------------------------------- alerts
@@ -198,11 +177,8 @@ def alerts(ctx: click.Context, app_ref: AppRef | None, store: str | None) -> Non
 def list_alerts(ctx: click.Context, limit: int, after: int, as_json: bool,
                 app_ref: AppRef | None, store: str | None) -> None:
     """List operator alerts, oldest first."""
-
-    async def work(app: App | None, db: Store) -> list[Any]:
-        return await db.alerts(limit=limit, after=after)
-
-    found = _run(_connection(ctx, app_ref, store), work)
+    with opened(_connection(ctx, app_ref, store)) as app:
+        found = app.alerts(limit=limit, after=after)
     if as_json:
         click.echo(output.dumps([output.alert_json(a) for a in found]))
     else:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from sasflow.app import DEFAULT_STORE
+from sasflow.backends import DEFAULT_STORE
 from sasflow.cli.app_ref import APP_REF, AppRef
 
 __all__ = [

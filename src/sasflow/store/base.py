@@ -125,11 +125,15 @@ class Store(Protocol):
         ...
 
     async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
-        """Atomically take up to `limit` claimable tasks and start their next unit (E3)."""
+        """Atomically take up to `limit` claimable tasks (model.claimable, once their
+        available-at has come) and start their next unit (E3); the tasks as claimed."""
         ...
 
     async def apply(self, transition: Transition) -> bool:
-        """Apply a fenced transition: all of it, or nothing if the fence no longer holds."""
+        """Apply a fenced transition: all of it, or nothing if the fence no longer holds.
+
+        The values it carries are written as they are (transition.applied says what
+        they make of the task), so writing it again changes nothing more."""
         ...
 
     async def expired(self, limit: int, workflows: Collection[str] | None = None
@@ -177,6 +181,16 @@ class Store(Protocol):
 
         A store with no way to hear of other processes' work returns at once;
         schedulers then find it by polling.
+        """
+        ...
+
+    def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
+        """Call `finished(task_id)`, from any thread, when another process ends a task
+        of this store; returns the unsubscribe.
+
+        A client waiting for a task then wakes at once instead of polling. A store
+        with no way to hear of other processes never calls it (in-process endings
+        reach the App directly).
         """
         ...
 

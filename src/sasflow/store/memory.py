@@ -10,80 +10,57 @@ stores opened with one name share their tasks, as two hosts share a database
 
 Every verb runs without awaiting anything in between, so each is atomic on its
 event loop; a lock makes it so across threads too (the App's sync facade
-submits from the caller's thread). Rows are copied in and out: a caller never
-holds a reference into the store.
+submits from the caller's thread). A task is held as a snapshot (model.Task),
+changed only by `transition.applied` under the fence: what the SQL stores write
+column for column. Snapshots are copied in and out: a caller never holds a
+reference into the store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
 import weakref
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
 
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
+from sasflow.messages import encode
 from sasflow.model import (
-    CompensationRecord,
-    Phase,
+    UNFINISHED_TASK_STATES,
     StepRecord,
     StepState,
     Task,
     TaskState,
+    claimable,
+    terminal,
 )
 from sasflow.plan import Plan
 from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.rows import check_legal, claim_transition, implied_rows, status_row
-from sasflow.transition import Transition
+from sasflow.transition import Transition, applied
 from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["MemoryStore"]
 
 _decode = msgspec.json.decode
 _OUTBOX_LEASE_S = 30.0  # as the SQL stores: a relay that dies gives its messages back then
-_CLAIMABLE = (TaskState.PENDING.value, TaskState.COMPENSATING.value)
-_UNFINISHED = (*_CLAIMABLE, TaskState.PROCESSING.value)
 
 
 @dataclass(slots=True)
-class _TaskRow:
-    task_id: str
-    workflow: str
+class _Stored:
+    """A task as this store holds it: its input as submitted (to compare with a
+    submission reusing its id), and its snapshot."""
+
     input_json: bytes
-    state: str
-    available_at: float
-    reply_to: str | None
-    created_at: float
-    updated_at: float
-    phase: str = Phase.DO.value
-    cursor: int = 0
-    locked_by: str | None = None
-    complete_by: float | None = None
-    failure_count: int = 0
-    epoch: int = 0
-    error: str | None = None
-    version: str | None = None  # of its workflow, as planned (R4)
-    units: dict[tuple[str, int], _UnitRow] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _UnitRow:
-    name: str
-    agent: str
-    state: str
-    idempotency_key: str
-    attempts: int = 0
-    failure_count: int = 0
-    complete_by: float | None = None
-    result_json: str | None = None
-    error: str | None = None
-    in_doubt: bool = False
+    task: Task
 
 
 @dataclass(slots=True)
@@ -106,7 +83,7 @@ class _Data:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.tasks: dict[str, _TaskRow] = {}
+        self.tasks: dict[str, _Stored] = {}
         self.history: list[HistoryEntry] = []
         self.alerts: list[Alert] = []
         self.outbox: dict[int, _Outbox] = {}
@@ -116,6 +93,7 @@ class _Data:
         self.ids = itertools.count(1)
         # watchers: (callback, its loop, its thread), told when work becomes claimable
         self.watchers: list[tuple[Callable[[float], None], asyncio.AbstractEventLoop, int]] = []
+        self.finished: list[Callable[[str], None]] = []  # told when a task ends
 
 
 _named: weakref.WeakValueDictionary[str, _Data] = weakref.WeakValueDictionary()
@@ -168,20 +146,18 @@ class MemoryStore:
         data, now = self._data, self.now()
         existing = data.tasks.get(task.task_id)
         if existing is not None:
-            if existing.workflow != task.workflow or (
+            if existing.task.workflow != task.workflow or (
                     _decode(existing.input_json) != _decode(task.input_json)):
                 raise TaskConflictError(
                     f"task {task.task_id} exists with another workflow or input",
                     task_id=task.task_id)
             return False
-        row = _TaskRow(task_id=task.task_id, workflow=task.workflow,
-                       input_json=bytes(task.input_json), state=TaskState.PENDING.value,
-                       available_at=now, reply_to=task.reply_to, created_at=now,
-                       updated_at=now, version=task.version)
-        for index, (name, agent, key) in enumerate(task.steps):
-            row.units[(Phase.DO.value, index)] = _UnitRow(
-                name=name, agent=agent, state=StepState.PENDING.value, idempotency_key=key)
-        data.tasks[task.task_id] = row
+        data.tasks[task.task_id] = _Stored(bytes(task.input_json), Task(
+            task_id=task.task_id, workflow=task.workflow, input=_decode(task.input_json),
+            state=TaskState.PENDING, available_at=now, reply_to=task.reply_to,
+            created_at=now, updated_at=now, version=task.version,
+            steps=[StepRecord(name=name, agent=agent, state=StepState.PENDING,
+                              idempotency_key=key) for name, agent, key in task.steps]))
         data.history.append(HistoryEntry(task_id=task.task_id, at=now, actor="submit", epoch=0,
                                          from_state=None, to_state=TaskState.PENDING.value,
                                          why="submitted"))
@@ -201,23 +177,27 @@ class MemoryStore:
         with self._data.lock:
             now = self.now()
             runnable = sorted(
-                (row for row in self._data.tasks.values()
-                 if row.locked_by is None and row.state in _CLAIMABLE
-                 and row.available_at <= now and versions.get(row.workflow) == row.version),
-                key=lambda row: row.available_at)[:limit]
-            for row in runnable:
-                task = _task(row)
-                transition = claim_transition(plans[row.workflow], task, owner, now)
-                if transition is not None and self._apply(transition, now):
-                    claimed.append(_task(row))
+                (task for task in self._tasks()
+                 if claimable(task.state, task.locked_by)
+                 and task.available_at <= now and versions.get(task.workflow) == task.version),
+                key=lambda task: task.available_at)[:limit]
+            for task in runnable:  # (the planner changes no snapshot: no copy needed)
+                planned = claim_transition(plans[task.workflow], task, owner, now)
+                if planned is not None and self._apply(planned[0], now):
+                    claimed.append(self._copy(task.task_id))
         return claimed
 
     async def apply(self, transition: Transition) -> bool:
         with self._data.lock:
             now = self.now()
             applied = self._apply(transition, now)
-        if applied and transition.locked_by is None and transition.state.value in _CLAIMABLE:
-            self._tell_watchers(transition.available_at or now)
+        if applied and claimable(transition.state, transition.locked_by):
+            self._tell_watchers(transition.available_at)
+        if applied and terminal(transition.state):
+            with self._data.lock:
+                listeners = list(self._data.finished)
+            for finished in listeners:
+                finished(transition.task_id)
         return applied
 
     def _apply(self, t: Transition, now: float) -> bool:
@@ -225,52 +205,51 @@ class MemoryStore:
         if the task still has the epoch, state, owner and step it was planned from."""
         check_legal(t)
         data = self._data
-        row = data.tasks.get(t.task_id)
-        if row is None or row.epoch != t.epoch or row.state != t.from_state.value or (
-                row.locked_by != t.owner):
+        stored = data.tasks.get(t.task_id)
+        if stored is None:
             return False
-        if (row.phase, row.cursor) != (t.from_phase.value, t.from_cursor):
-            return False  # planned at another unit than the task is at now
+        task = stored.task
+        if (task.epoch, task.state, task.locked_by) != (t.epoch, t.from_state, t.owner):
+            return False
+        if (task.phase, task.cursor, task.version) != (t.from_phase, t.from_cursor,
+                                                       t.from_version):
+            return False  # planned at another unit, or for another shape
         if t.expired_before is not None and not (
-                row.complete_by is not None and row.complete_by < t.expired_before):
+                task.complete_by is not None and task.complete_by < t.expired_before):
             return False
         if t.lease is not None:
             lease = data.leases.get(t.lease.name)
             if lease is None or (lease.holder, lease.epoch) != (t.lease.holder, t.lease.epoch):
                 return False
-        row.state, row.phase, row.cursor = t.state.value, t.phase.value, t.cursor
-        row.locked_by, row.complete_by = t.locked_by, t.complete_by
-        if t.available_at is not None:
-            row.available_at = t.available_at
-        row.failure_count, row.error = t.failure_count, t.error
-        row.epoch += int(t.claim)
-        row.updated_at = now
-        if t.version is not None:
-            row.version = t.version
+        # copied in, as a SQL store encodes the results it writes
+        t = _decode(encode(t), type=Transition)
+        stored.task = msgspec.structs.replace(applied(task, t), updated_at=now)
         for kind, values in implied_rows(t, now):
             if kind == "history":
                 task_id, step, phase, at, actor, epoch, from_state, to_state, why = values
                 data.history.append(HistoryEntry(
                     task_id=task_id, step=step, phase=phase, at=at, actor=actor, epoch=epoch,
                     from_state=from_state, to_state=to_state, why=why))
-            elif kind == "step":
-                _upsert_unit(row, values)
-            elif kind == "mirror":
-                state, _, _, index = values
-                row.units[(Phase.DO.value, index)].state = state
             elif kind == "outbox":
                 queue, body, _ = values
                 self._add_outbox(queue, body)
-            elif kind == "drop":  # a migration to a shorter shape: the steps past its end
-                _, steps_from = values
-                for key in [k for k in row.units if k[0] == Phase.DO.value
-                            and k[1] >= steps_from]:
-                    del row.units[key]
-            else:
+            elif kind == "alert":
                 task_id, step, agent, at, message = values
                 data.alerts.append(Alert(id=next(data.ids), task_id=task_id, step=step,
                                          agent=agent, at=at, message=message))
+            # ("step" and "drop" rows: in the snapshot already)
         return True
+
+    def _tasks(self) -> list[Task]:
+        """The snapshots held (not copies: only to read, under the lock)."""
+        return [stored.task for stored in self._data.tasks.values()]
+
+    def _copy(self, task_id: str, *, steps: bool = True) -> Task:
+        """A fresh copy of a held task: the caller may change it freely."""
+        task = self._data.tasks[task_id].task
+        if not steps:
+            task = msgspec.structs.replace(task, steps=[])
+        return _decode(encode(task), type=Task)
 
     # ------------------------------------------------------------ supervisor
     async def expired(self, limit: int, workflows: Collection[str] | None = None
@@ -278,12 +257,12 @@ class MemoryStore:
         names = None if workflows is None else set(workflows)
         with self._data.lock:
             now = self.now()
-            rows = sorted((row for row in self._data.tasks.values()
-                           if row.locked_by is not None and row.complete_by is not None
-                           and row.complete_by < now
-                           and (names is None or row.workflow in names)),
-                          key=lambda row: (row.complete_by, row.task_id))
-            return [_task(row) for row in rows[:limit]]
+            found = sorted((task for task in self._tasks()
+                            if task.locked_by is not None and task.complete_by is not None
+                            and task.complete_by < now
+                            and (names is None or task.workflow in names)),
+                           key=lambda task: (task.complete_by, task.task_id))
+            return [self._copy(task.task_id) for task in found[:limit]]
 
     async def orphaned(self, limit: int, workflows: Collection[str] | None = None
                        ) -> list[Task]:
@@ -294,24 +273,24 @@ class MemoryStore:
             now = self.now()
             instances = self._data.instances
 
-            def gone(row: _TaskRow) -> bool:
-                holder = instances.get(row.locked_by or "")
+            def gone(task: Task) -> bool:
+                holder = instances.get(task.locked_by or "")
                 return holder is not None and (
                     holder.stopped_at is not None or holder.beat_at + holder.lease < now
-                    or row.updated_at < holder.started_at - 1.0)
+                    or task.updated_at < holder.started_at - 1.0)
 
-            rows = sorted((row for row in self._data.tasks.values()
-                           if row.locked_by is not None and row.complete_by is not None
-                           and (names is None or row.workflow in names) and gone(row)),
-                          key=lambda row: (row.complete_by or 0.0, row.task_id))
-            return [_task(row) for row in rows[:limit]]
+            found = sorted((task for task in self._tasks()
+                            if task.locked_by is not None and task.complete_by is not None
+                            and (names is None or task.workflow in names) and gone(task)),
+                           key=lambda task: (task.complete_by or 0.0, task.task_id))
+            return [self._copy(task.task_id) for task in found[:limit]]
 
     async def next_expiry(self, workflows: Collection[str] | None = None) -> float | None:
         names = None if workflows is None else set(workflows)
         with self._data.lock:
-            return min((row.complete_by for row in self._data.tasks.values()
-                        if row.locked_by is not None and row.complete_by is not None
-                        and (names is None or row.workflow in names)),
+            return min((task.complete_by for task in self._tasks()
+                        if task.locked_by is not None and task.complete_by is not None
+                        and (names is None or task.workflow in names)),
                        default=None)
 
     # ------------------------------------------------------------ incidents (R4)
@@ -319,14 +298,13 @@ class MemoryStore:
         versions: dict[tuple[str, str | None], int] = {}
         agents: dict[tuple[str, str | None, str], int] = {}
         with self._data.lock:
-            for row in self._data.tasks.values():
-                if row.state not in _UNFINISHED:
+            for task in self._tasks():
+                if task.state not in UNFINISHED_TASK_STATES:
                     continue
-                shape = (row.workflow, row.version)
+                shape = (task.workflow, task.version)
                 versions[shape] = versions.get(shape, 0) + 1
-                unit = row.units.get((Phase.DO.value, row.cursor))
-                if unit is not None:
-                    key = (row.workflow, row.version, unit.agent)
+                if task.cursor < len(task.steps):
+                    key = (task.workflow, task.version, task.steps[task.cursor].agent)
                     agents[key] = agents.get(key, 0) + 1
         return Census(versions=versions, agents=agents)
 
@@ -375,6 +353,17 @@ class MemoryStore:
             with self._data.lock:
                 self._data.watchers.remove(entry)
 
+    def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
+        """Call `finished(task_id)` when any user of this store's data ends a task."""
+        with self._data.lock:
+            self._data.finished.append(finished)
+
+        def unsubscribe() -> None:
+            with self._data.lock, contextlib.suppress(ValueError):
+                self._data.finished.remove(finished)
+
+        return unsubscribe
+
     def _tell_watchers(self, at: float) -> None:
         with self._data.lock:
             watchers = list(self._data.watchers)
@@ -387,17 +376,16 @@ class MemoryStore:
 
     async def get(self, task_id: str) -> Task | None:
         with self._data.lock:
-            row = self._data.tasks.get(task_id)
-            return None if row is None else _task(row)
+            return self._copy(task_id) if task_id in self._data.tasks else None
 
     async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
                          limit: int = 100) -> list[Task]:
         with self._data.lock:
-            rows = sorted((row for row in self._data.tasks.values()
-                           if (state is None or row.state == state.value)
-                           and (workflow is None or row.workflow == workflow)),
-                          key=lambda row: (row.created_at, row.task_id))
-            return [_task(row, steps=False) for row in rows[:limit]]
+            found = sorted((task for task in self._tasks()
+                            if (state is None or task.state is state)
+                            and (workflow is None or task.workflow == workflow)),
+                           key=lambda task: (task.created_at, task.task_id))
+            return [self._copy(task.task_id, steps=False) for task in found[:limit]]
 
     async def history(self, task_id: str) -> list[HistoryEntry]:
         with self._data.lock:
@@ -478,55 +466,3 @@ class MemoryStore:
 
     async def close(self) -> None:
         """Nothing to release: the data lives while a store refers to it."""
-
-
-def _upsert_unit(row: _TaskRow, values: tuple[Any, ...]) -> None:
-    """A "step" row of rows.implied_rows, written as sql.UPSERT_STEP writes it."""
-    (_, phase, index, name, agent, state, started, failures, complete_by, key, result, error,
-     in_doubt, _, _) = values
-    unit = row.units.get((phase, index))
-    if unit is None:
-        row.units[(phase, index)] = _UnitRow(
-            name=name, agent=agent, state=state, idempotency_key=key, attempts=started,
-            failure_count=max(failures, 0), complete_by=complete_by, result_json=result,
-            error=error, in_doubt=bool(in_doubt))
-        return
-    unit.name, unit.agent, unit.idempotency_key = name, agent, key  # (a migration renames)
-    unit.state = state
-    unit.attempts += started
-    unit.failure_count = 0 if failures < 0 else unit.failure_count + failures
-    if complete_by is not None:
-        unit.complete_by = complete_by
-    if result is not None:
-        unit.result_json = result
-    unit.error = error
-    unit.in_doubt = unit.in_doubt or bool(in_doubt)
-
-
-def _task(row: _TaskRow, *, steps: bool = True) -> Task:
-    """A fresh Task (and its steps) from a row: the caller may change it freely."""
-    task = Task(task_id=row.task_id, workflow=row.workflow, input=_decode(row.input_json),
-                state=TaskState(row.state), phase=Phase(row.phase), cursor=row.cursor,
-                locked_by=row.locked_by, complete_by=row.complete_by,
-                failure_count=row.failure_count, epoch=row.epoch, reply_to=row.reply_to,
-                error=row.error, created_at=row.created_at, updated_at=row.updated_at,
-                version=row.version)
-    if not steps:
-        return task
-    undo: list[tuple[int, _UnitRow]] = []
-    for (phase, index), unit in sorted(row.units.items()):
-        if phase == Phase.UNDO.value:
-            undo.append((index, unit))
-            continue
-        task.steps.append(StepRecord(
-            name=unit.name, agent=unit.agent, state=StepState(unit.state),
-            attempts=unit.attempts, failure_count=unit.failure_count,
-            complete_by=unit.complete_by, idempotency_key=unit.idempotency_key,
-            result=None if unit.result_json is None else _decode(unit.result_json),
-            error=unit.error, in_doubt=unit.in_doubt))
-    for index, unit in undo:
-        task.steps[index].compensation = CompensationRecord(
-            state=StepState(unit.state), attempts=unit.attempts,
-            failure_count=unit.failure_count, complete_by=unit.complete_by,
-            idempotency_key=unit.idempotency_key, error=unit.error)
-    return task

@@ -11,7 +11,7 @@ Column order of a task row is sql.TASK_COLUMNS everywhere.
 from __future__ import annotations
 
 from sasflow.store import sql
-from sasflow.store.sql import ALERT_COLUMNS, TASK_COLUMNS
+from sasflow.store.sql import ALERT_COLUMNS, CLAIMABLE_SQL, TASK_COLUMNS
 
 # Statements with no parameters or dialect of their own: the same text (R4 census,
 # the versions of tasks written before versions existed).
@@ -162,7 +162,7 @@ ORDER BY complete_by LIMIT %(limit)s
 SELECT_CLAIMABLE = f"""
 SELECT {TASK_COLUMNS} FROM tasks
 WHERE workflow = %s AND version = %s AND available_at <= %s
-  AND locked_by IS NULL AND state IN ('pending', 'compensating')
+  AND {CLAIMABLE_SQL}
 ORDER BY available_at LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
@@ -215,9 +215,9 @@ def rows_of(*columns: str) -> str:
 
 _TRANSITION = ("state text", "phase text", "cursor int", "locked_by text",
                "complete_by float8", "available_at float8", "failure_count int", "error text",
-               "claim int", "updated_at float8", "version text", "task_id text", "epoch bigint",
-               "from_state text", "owner text", "from_phase text",
-               "from_cursor int", "expired_before float8", "lease text",
+               "new_epoch bigint", "updated_at float8", "version text", "task_id text",
+               "epoch bigint", "from_state text", "owner text", "from_phase text",
+               "from_cursor int", "from_version text", "expired_before float8", "lease text",
                "lease_holder text", "lease_epoch bigint",
                "wake float8",  # when the task is claimable again, if this releases it
                "token bigint")  # the write's, into last_write
@@ -242,10 +242,11 @@ _INSERT_HISTORY = """INSERT INTO history (task_id, step, phase, at, actor, epoch
 # - `locked`: the batch's task rows, locked in task-id order first, so every batch
 #   of every process waits for rows in the same order (no deadlock);
 # - `applied`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
-#   epoch, state, owner and unit (phase, cursor) as when read, and (supervisor)
+#   epoch, state, owner, unit (phase, cursor) and version as when read, and (supervisor)
 #   a complete-by that has passed and the lease still held with its epoch; a task
 #   not in it is left exactly as it was;
-# - the implied rows are written for the applied transitions only;
+# - the implied rows are written for the applied transitions only: each unit's row
+#   with the values the transition carries (rows.implied_rows);
 # - idle schedulers are told (NOTIFY) when an applied transition released work.
 # A batch holds one transition per task, so no step row comes twice (which
 # ON CONFLICT DO UPDATE refuses). One statement is one transaction: it needs no
@@ -257,14 +258,14 @@ locked AS (SELECT task_id FROM tasks WHERE task_id IN (SELECT task_id FROM v)
 applied AS (
     UPDATE tasks t SET state = v.state, phase = v.phase, cursor = v.cursor,
            locked_by = v.locked_by, complete_by = v.complete_by,
-           available_at = COALESCE(v.available_at, t.available_at),
-           failure_count = v.failure_count, error = v.error, epoch = t.epoch + v.claim,
-           updated_at = v.updated_at, last_write = v.token,
-           version = COALESCE(v.version, t.version)
+           available_at = v.available_at, failure_count = v.failure_count, error = v.error,
+           epoch = v.new_epoch, updated_at = v.updated_at, last_write = v.token,
+           version = v.version
     FROM v JOIN locked USING (task_id)
     WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
       AND t.locked_by IS NOT DISTINCT FROM v.owner
       AND t.phase = v.from_phase AND t.cursor = v.from_cursor
+      AND t.version IS NOT DISTINCT FROM v.from_version
       AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
       AND (v.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.name = v.lease
                                       AND l.holder = v.lease_holder AND l.epoch = v.lease_epoch))
@@ -274,15 +275,10 @@ wrote_steps AS (
                        complete_by, idempotency_key, result, error, in_doubt, updated_at)
     SELECT * FROM ({rows_of(*_STEP)}) s WHERE s.task_id IN (SELECT task_id FROM applied)
     ON CONFLICT (task_id, phase, idx) DO UPDATE SET
-        name = excluded.name, agent = excluded.agent,  -- as they were, but for a migration
-        idempotency_key = excluded.idempotency_key,
-        state = excluded.state,
-        attempts = steps.attempts + excluded.attempts,
-        failure_count = steps.failure_count + excluded.failure_count,
-        complete_by = COALESCE(excluded.complete_by, steps.complete_by),
-        result = COALESCE(excluded.result, steps.result),
-        error = excluded.error,
-        in_doubt = GREATEST(steps.in_doubt, excluded.in_doubt),
+        name = excluded.name, agent = excluded.agent, state = excluded.state,
+        attempts = excluded.attempts, failure_count = excluded.failure_count,
+        complete_by = excluded.complete_by, idempotency_key = excluded.idempotency_key,
+        result = excluded.result, error = excluded.error, in_doubt = excluded.in_doubt,
         updated_at = excluded.updated_at),
 wrote_history AS (
     {_INSERT_HISTORY}
@@ -328,22 +324,9 @@ SELECT array_agg(task_id),
 FROM created
 """
 
-# What the rare transitions also need, once it is known that they applied:
-# failure counts reset by an operator's retry, and the step rows that show where
-# their compensation stands.
-RESET_FAILURES = f"""
-UPDATE steps SET failure_count = 0
-WHERE (task_id, phase, idx) IN ({rows_of("task_id text", "phase text", "idx int")})
-"""
-
-# A migration to a shorter shape drops the step rows past its end (plan.Plan.migrate).
+# What a rare transition also needs, once it is known that it applied: a migration
+# to a shorter shape drops the step rows past its end (plan.Plan.migrate).
 DROP_STEPS = f"""
 DELETE FROM steps s USING ({rows_of("task_id text", "idx int")}) AS v
 WHERE s.task_id = v.task_id AND s.phase = 'do' AND s.idx >= v.idx
-"""
-
-MIRROR_UNDOS = f"""
-UPDATE steps s SET state = v.state, updated_at = v.updated_at
-FROM ({rows_of("state text", "updated_at float8", "task_id text", "idx int")}) AS v
-WHERE s.task_id = v.task_id AND s.phase = 'do' AND s.idx = v.idx
 """

@@ -5,7 +5,8 @@ one statement (pg_sql.APPLY_TRANSITIONS or INSERT_TASKS) that applies the fences
 writes the rows implied by what applied and NOTIFYs idle schedulers of work
 released or submitted. One statement is a transaction by itself, so most
 batches cost one round trip; a batch that mixes submissions and transitions, or
-has rare rows to write after (`needs_transaction`), runs in a transaction.
+holds a migration that drops step rows after (`needs_transaction`), runs in a
+transaction.
 
 Every task row a write touches gets the write's random token (`last_write`). A
 statement's answer and its commit come back together, so if the connection dies
@@ -29,7 +30,7 @@ import msgspec
 import psycopg
 
 from sasflow.errors import TaskConflictError
-from sasflow.model import Phase, StepState, TaskState
+from sasflow.model import Phase, StepState, TaskState, claimable
 from sasflow.store import pg_sql as q
 from sasflow.store.base import NewTask
 from sasflow.store.rows import fence_values, implied_rows, set_values, status_row
@@ -43,7 +44,6 @@ Outcome = bool | Exception  # applied / created, or why a submission was refused
 
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
-_CLAIMABLE = (TaskState.PENDING, TaskState.COMPENSATING)
 
 
 class _Implied:
@@ -55,21 +55,13 @@ class _Implied:
         self.history: list[tuple[Any, ...]] = []
         self.outbox: list[tuple[Any, ...]] = []  # (task_id, queue, body, created_at)
         self.alerts: list[tuple[Any, ...]] = []
-        # the rare rows, written after the statement for the tasks it applied
-        self.resets: dict[str, list[tuple[str, str, int]]] = {}
-        self.mirrors: dict[str, list[tuple[Any, ...]]] = {}
+        # the rare rows, removed after the statement for the tasks it applied
         self.drops: dict[str, list[tuple[Any, ...]]] = {}
 
     def add_transition(self, t: Transition, now: float) -> None:
         for kind, row in implied_rows(t, now):
             if kind == "step":
-                *values, failures = row  # the last value asks for a reset when < 0
-                if failures < 0:
-                    values[7] = 0
-                    self.resets.setdefault(t.task_id, []).append((row[0], row[1], row[2]))
-                self.steps.append(tuple(values))
-            elif kind == "mirror":
-                self.mirrors.setdefault(t.task_id, []).append(row)
+                self.steps.append(row)
             elif kind == "drop":
                 self.drops.setdefault(t.task_id, []).append(row)
             elif kind == "history":
@@ -91,45 +83,32 @@ class _Implied:
 
 
 class _After:
-    """The rare rows that follow from the transitions that applied: failure counts
-    reset by an operator's retry, the step rows mirroring a compensation, and those a
-    migration drops."""
+    """The rare rows that follow from the transitions that applied: the step rows a
+    migration to a shorter shape drops."""
 
     def __init__(self) -> None:
-        self.resets: list[tuple[str, str, int]] = []
-        self.mirrors: list[tuple[Any, ...]] = []
         self.drops: list[tuple[Any, ...]] = []
 
     def applied(self, t: Transition, implied: _Implied) -> None:
-        self.resets.extend(implied.resets.get(t.task_id, ()))
-        self.mirrors.extend(implied.mirrors.get(t.task_id, ()))
         self.drops.extend(implied.drops.get(t.task_id, ()))
 
     def statements(self) -> list[tuple[str, tuple[str, ...]]]:
-        out: list[tuple[str, tuple[str, ...]]] = []
-        if self.resets:
-            out.append((q.RESET_FAILURES, _json(self.resets)))
-        if self.mirrors:
-            out.append((q.MIRROR_UNDOS, _json(self.mirrors)))
         if self.drops:  # rows past the new shape's end: disjoint from those just written
-            out.append((q.DROP_STEPS, _json(self.drops)))
-        return out
+            return [(q.DROP_STEPS, _json(self.drops))]
+        return []
 
 
 def needs_transaction(batch: Sequence[Write]) -> bool:
     """Whether `batch` takes more than its one statement (which is a transaction by
-    itself): when it mixes submissions and transitions, or has rare rows to write."""
+    itself): when it mixes submissions and transitions, or drops step rows after."""
     kinds = {type(write) for write in batch}
-    transitions = [write for write in batch if isinstance(write, Transition)]
-    return len(kinds) > 1 or any(t.steps_from is not None for t in transitions) or any(
-        unit.reset_failures or unit.phase is Phase.UNDO for t in transitions for unit in t.units)
+    return len(kinds) > 1 or any(
+        write.steps_from is not None for write in batch if isinstance(write, Transition))
 
 
-def _wake(t: Transition, now: float) -> float | None:
+def _wake(t: Transition) -> float | None:
     """When the task becomes claimable, if the transition releases it."""
-    if t.locked_by is None and t.state in _CLAIMABLE:
-        return t.available_at if t.available_at is not None else now
-    return None
+    return t.available_at if claimable(t.state, t.locked_by) else None
 
 
 def _json(*rows: Sequence[tuple[Any, ...]]) -> tuple[str, ...]:
@@ -173,7 +152,7 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
             for t in transitions:
                 implied.add_transition(t, now)
             await cur.execute(q.APPLY_TRANSITIONS, _json(
-                [set_values(t, now) + fence_values(t) + (_wake(t, now), token)
+                [set_values(t, now) + fence_values(t) + (_wake(t), token)
                  for t in transitions],
                 implied.steps, implied.history, implied.outbox, implied.alerts))
             applied = await _answer(cur)

@@ -476,10 +476,10 @@ class PostgresStore:
                 # the rows left over are unlocked again at commit
                 rows = sorted(rows, key=lambda row: row[8])[:limit]
             tasks = await _tasks_with_steps(conn, rows)
-            planned = [(task, claim_transition(plans[task.workflow], task, owner, now))
-                       for task in tasks]
-            tasks = [task for task, transition in planned if transition is not None]
-            transitions = [transition for _, transition in planned if transition is not None]
+            planned = [claimed for task in tasks
+                       if (claimed := claim_transition(plans[task.workflow], task, owner, now))]
+            tasks = [task for _, task in planned]  # as claimed
+            transitions = [transition for transition, _ in planned]
             locked[:] = [task.task_id for task in tasks]
             applied = await write_batch(conn, transitions, token, now) if transitions else []
             return [task for task, ok in zip(tasks, applied, strict=True) if ok is True]
@@ -557,6 +557,10 @@ class PostgresStore:
         # safe to repeat: taking or renewing a lease we hold is the same write
         row = await self._at_home(lambda: self._run(job))
         return int(row[1]) if row is not None and row[0] == holder else None
+
+    def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
+        """Not heard across processes yet: a client waiting here polls."""
+        return lambda: None
 
     async def watch(self, wake: Callable[[float], None]) -> None:
         """Call `wake(at)` whenever work becomes claimable at `at`, until cancelled.

@@ -7,6 +7,21 @@ error, created_at, updated_at, version.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from sasflow.model import CLAIMABLE_TASK_STATES, UNFINISHED_TASK_STATES, TaskState
+
+
+def _states(states: Iterable[TaskState]) -> str:
+    return ", ".join(f"'{state.value}'" for state in states)
+
+
+# model.claimable in SQL, word for word the WHERE of the partial index tasks_claimable
+# (the migrations; tests/unit/test_model.py checks that they and model.py agree).
+CLAIMABLE_SQL = f"locked_by IS NULL AND state IN ({_states(CLAIMABLE_TASK_STATES)})"
+# model.UNFINISHED_TASK_STATES in SQL: the tasks some worker still has to run
+UNFINISHED_SQL = f"state IN ({_states(UNFINISHED_TASK_STATES)})"
+
 TASK_COLUMNS = (
     "task_id, workflow, input, state, phase, cursor, locked_by, complete_by, available_at, "
     "failure_count, epoch, reply_to, error, created_at, updated_at, version"
@@ -31,44 +46,34 @@ INSERT INTO history (task_id, step, phase, at, actor, epoch, from_state, to_stat
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 
-# The fence: the task must still have the epoch, state, owner and unit (phase and
-# cursor) it was read with, and (supervisor) a complete-by that has passed and the
-# lease still held with the epoch it swept under. Zero rows changed = not applied.
+# The fence: the task must still have the epoch, state, owner, unit (phase and
+# cursor) and version it was read with, and (supervisor) a complete-by that has
+# passed and the lease still held with the epoch it swept under. Zero rows changed =
+# not applied. The new values are the transition's own (rows.set_values).
 APPLY_TRANSITION = """
 UPDATE tasks SET state = ?, phase = ?, cursor = ?, locked_by = ?, complete_by = ?,
-                 available_at = COALESCE(?, available_at), failure_count = ?, error = ?,
-                 epoch = epoch + ?, updated_at = ?, version = COALESCE(?, version)
+                 available_at = ?, failure_count = ?, error = ?,
+                 epoch = ?, updated_at = ?, version = ?
 WHERE task_id = ? AND epoch = ? AND state = ? AND locked_by IS ? AND phase = ? AND cursor = ?
+  AND version IS ?
   AND (? IS NULL OR complete_by < ?)
   AND (? IS NULL OR EXISTS (SELECT 1 FROM leases WHERE name = ? AND holder = ? AND epoch = ?))
 """
 
-# The last parameter < 0 means "reset the failure count to 0" (operator retry); it
-# comes apart from the inserted value, which is clamped at 0. Name, agent and key are
-# those the unit had, but for a migration (plan.Plan.migrate), which gives a step that
-# never ran the place of another.
+# A unit's complete new row (rows.implied_rows), as the transition carries it.
 UPSERT_STEP = """
 INSERT INTO steps (task_id, phase, idx, name, agent, state, attempts, failure_count,
                    complete_by, idempotency_key, result, error, in_doubt, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, MAX(?, 0), ?, ?, ?, ?, ?, ?)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (task_id, phase, idx) DO UPDATE SET
-    name = excluded.name, agent = excluded.agent, idempotency_key = excluded.idempotency_key,
-    state = excluded.state,
-    attempts = steps.attempts + excluded.attempts,
-    failure_count = CASE WHEN ? < 0 THEN 0
-                         ELSE steps.failure_count + excluded.failure_count END,
-    complete_by = COALESCE(excluded.complete_by, steps.complete_by),
-    result = COALESCE(excluded.result, steps.result),
-    error = excluded.error,
-    in_doubt = MAX(steps.in_doubt, excluded.in_doubt),
+    name = excluded.name, agent = excluded.agent, state = excluded.state,
+    attempts = excluded.attempts, failure_count = excluded.failure_count,
+    complete_by = excluded.complete_by, idempotency_key = excluded.idempotency_key,
+    result = excluded.result, error = excluded.error, in_doubt = excluded.in_doubt,
     updated_at = excluded.updated_at
 """
 
 DROP_STEPS = "DELETE FROM steps WHERE task_id = ? AND phase = 'do' AND idx >= ?"
-
-MIRROR_UNDO = """
-UPDATE steps SET state = ?, updated_at = ? WHERE task_id = ? AND phase = 'do' AND idx = ?
-"""
 
 INSERT_OUTBOX = "INSERT INTO outbox (queue, body, created_at) VALUES (?, ?, ?)"
 DELETE_OUTBOX = "DELETE FROM outbox WHERE id = ?"
@@ -119,16 +124,16 @@ SELECT_ALERTS = f"SELECT {ALERT_COLUMNS} FROM alerts WHERE id > ? ORDER BY id LI
 # the agent of the unit each is at. Cost grows with the unfinished tasks, not the
 # store; the supervisor takes this census seldom (Supervisor.census_interval): with
 # 20,000 tasks queued it took 70 ms on SQLite and 120 ms on PostgreSQL here.
-CENSUS_VERSIONS = """
+CENSUS_VERSIONS = f"""
 SELECT workflow, version, COUNT(*) FROM tasks
-WHERE state IN ('pending', 'processing', 'compensating')
+WHERE {UNFINISHED_SQL}
 GROUP BY workflow, version
 """
 
-CENSUS_AGENTS = """
+CENSUS_AGENTS = f"""
 SELECT t.workflow, t.version, s.agent, COUNT(*) FROM tasks t
 JOIN steps s ON s.task_id = t.task_id AND s.phase = 'do' AND s.idx = t.cursor
-WHERE t.state IN ('pending', 'processing', 'compensating')
+WHERE t.{UNFINISHED_SQL}
 GROUP BY t.workflow, t.version, s.agent
 """
 
@@ -211,10 +216,10 @@ def _marks(n: int) -> str:
 
 # Is anything of this workflow version claimable? One index probe of tasks_claimable
 # per version a scheduler declares (OR-ed together, SQLite would walk tasks_state).
-PROBE_CLAIMABLE = """
+PROBE_CLAIMABLE = f"""
 SELECT 1 FROM tasks
 WHERE workflow = ? AND version = ? AND available_at <= ?
-  AND locked_by IS NULL AND state IN ('pending', 'compensating')
+  AND {CLAIMABLE_SQL}
 LIMIT 1
 """
 
@@ -226,7 +231,7 @@ LIMIT 1
 SELECT_CLAIMABLE = f"""
 SELECT {TASK_COLUMNS} FROM tasks
 WHERE workflow = ? AND version = ? AND available_at <= ?
-  AND locked_by IS NULL AND state IN ('pending', 'compensating')
+  AND {CLAIMABLE_SQL}
 ORDER BY available_at LIMIT ?
 """
 

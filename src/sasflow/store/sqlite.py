@@ -36,6 +36,8 @@ from sasflow.model import (
     StepState,
     Task,
     TaskState,
+    claimable,
+    terminal,
 )
 from sasflow.plan import Plan
 from sasflow.redact import redact
@@ -57,6 +59,7 @@ from sasflow.store.rows import (
     task_from_row,
     versions_of,
 )
+from sasflow.store.sqlite_wake import WakeChannel
 from sasflow.store.writer import Writer
 from sasflow.transition import Transition
 from sasflow.transport.dead_letter import DeadLetter
@@ -64,6 +67,8 @@ from sasflow.transport.dead_letter import DeadLetter
 __all__ = ["SQLiteStore"]
 
 _T = TypeVar("_T")
+# How often an idle scheduler looks for work no wake-up told of (E1 submissions)
+_LOOK_EVERY = 0.25
 _SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL", "off": "OFF", "extra": "EXTRA"}
 _decode = msgspec.json.decode
 
@@ -93,6 +98,7 @@ class SQLiteStore:
                               translate=self._store_error, before_commit=self._deferred.flush,
                               after_rollback=self._deferred.clear)
         self._checkpointer = _Checkpointer(self._connect)
+        self._wake = WakeChannel(self.path)
 
     @classmethod
     def from_url(cls, url: str, *, clock: Callable[[], float] | None = None,
@@ -158,10 +164,16 @@ class SQLiteStore:
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
         if connection is not None:
             return self.submit_in(connection, task)
-        return await self._writer.run(lambda conn: self._insert(conn, task))
+        created = await self._writer.run(lambda conn: self._insert(conn, task))
+        if created:
+            self._wake.work(self.now())
+        return created
 
     def submit_blocking(self, task: NewTask) -> bool:
-        return self._writer.run_sync(lambda conn: self._insert(conn, task))
+        created = self._writer.run_sync(lambda conn: self._insert(conn, task))
+        if created:
+            self._wake.work(self.now())
+        return created
 
     def submit_in(self, connection: sqlite3.Connection, task: NewTask) -> bool:
         """Write the task with the caller's connection, in the caller's transaction (E1)."""
@@ -233,16 +245,26 @@ class SQLiteStore:
                 rows = sorted(rows, key=lambda row: row[8])[:limit]
             claimed = []
             for task in _tasks_with_steps(conn, rows):
-                transition = claim_transition(plans[task.workflow], task, owner, now)
-                if transition is not None and _apply(conn, transition, now, self._deferred):
-                    claimed.append(task)
+                planned = claim_transition(plans[task.workflow], task, owner, now)
+                if planned is not None and _apply(conn, planned[0], now, self._deferred):
+                    claimed.append(planned[1])
             return claimed
 
         return await self._writer.run(job)
 
     async def apply(self, transition: Transition) -> bool:
-        return await self._writer.run(
+        applied = await self._writer.run(
             lambda conn: _apply(conn, transition, self.now(), self._deferred))
+        if applied:
+            self._tell(transition)
+        return applied
+
+    def _tell(self, transition: Transition) -> None:
+        """Wake the other processes sharing the file that wait for what it did."""
+        if terminal(transition.state):
+            self._wake.finished(transition.task_id)
+        elif claimable(transition.state, transition.locked_by):
+            self._wake.work(transition.available_at)
 
     # ------------------------------------------------------------ supervisor
     async def expired(self, limit: int, workflows: Collection[str] | None = None
@@ -309,8 +331,26 @@ class SQLiteStore:
 
     # ------------------------------------------------------------ reading
     async def watch(self, wake: Callable[[float], None]) -> None:
-        """SQLite has no channel between processes: schedulers poll (and the app
-        wakes its own in-process schedulers on submit and release)."""
+        """Call `wake(at)` when another process sharing the file submits or releases
+        work (sqlite_wake.py), and every `_LOOK_EVERY` seconds: a submission made in
+        a caller's own transaction (E1) commits where the store cannot see it."""
+        loop = asyncio.get_running_loop()
+
+        def heard(at: float) -> None:
+            loop.call_soon_threadsafe(wake, at)
+
+        stop = self._wake.on_work(heard)
+        try:
+            while True:
+                await asyncio.sleep(_LOOK_EVERY)
+                wake(self.now())
+        finally:
+            stop()
+
+    def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
+        """Call `finished(task_id)`, from another thread, when another process sharing
+        the file ends a task; returns the unsubscribe."""
+        return self._wake.on_finished(finished)
 
     async def get(self, task_id: str) -> Task | None:
         # a primary-key read of a WAL file never waits for writers: cheaper inline
@@ -406,6 +446,7 @@ class SQLiteStore:
         await asyncio.to_thread(self.close_sync)
 
     def close_sync(self) -> None:
+        self._wake.close()
         self._writer.close()
         self._checkpointer.close()
 
@@ -470,17 +511,17 @@ class _Deferred:
 
 
 _STATEMENTS: dict[RowKind, str] = {
-    "step": sql.UPSERT_STEP, "mirror": sql.MIRROR_UNDO, "history": sql.INSERT_HISTORY,
+    "step": sql.UPSERT_STEP, "history": sql.INSERT_HISTORY,
     "outbox": sql.INSERT_OUTBOX, "alert": sql.INSERT_ALERT, "drop": sql.DROP_STEPS}
 
 
 def _apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: _Deferred) -> bool:
     """Apply one fenced transition inside the writer's transaction."""
     check_legal(t)
-    (task_id, epoch, state, owner, phase, cursor, expired_before, lease, holder,
+    (task_id, epoch, state, owner, phase, cursor, version, expired_before, lease, holder,
      lease_epoch) = fence_values(t)
-    fence = (task_id, epoch, state, owner, phase, cursor, expired_before, expired_before,
-             lease, lease, holder, lease_epoch)
+    fence = (task_id, epoch, state, owner, phase, cursor, version, expired_before,
+             expired_before, lease, lease, holder, lease_epoch)
     if not conn.execute(sql.APPLY_TRANSITION, set_values(t, now) + fence).rowcount:
         return False
     for kind, row in implied_rows(t, now):

@@ -62,7 +62,7 @@ class SimulatedApp:
     """An App's workers, store and broker in this process, on a virtual clock."""
 
     def __init__(self, app: App, *, seed: int | None = 0, start: float = START) -> None:
-        if app._store is not None or app._transport is not None:
+        if app._backends.opened:
             raise ConfigurationError("SimulatedApp needs an app whose store and transport"
                                      " are not opened yet")
         self.app = app
@@ -72,10 +72,9 @@ class SimulatedApp:
         self.transport = SimTransport(max_message_bytes=app.max_payload_bytes)
         # the app's own store and transport become the simulated ones (reads and
         # submissions from the test go straight to them; workers pass their gates)
-        app.clock = self.clock
         self._store_faults: list[tuple[str, str]] = []  # (verb, "before" | "after"), in order
-        app._store = GatedStore(self.store, fault=self._store_fault)
-        app._transport = self.transport
+        app._backends.use(store=GatedStore(self.store, fault=self._store_fault),
+                          transport=self.transport)
         if seed is not None:
             random.seed(seed)  # the agents' retry jitter: the same run every time
         self.instances: dict[str, _Instance] = {}
@@ -110,7 +109,7 @@ class SimulatedApp:
         """Start a worker instance (all roles by default); it runs while the loop runs."""
         if instance_id in self.instances and not self.instances[instance_id].task.done():
             raise ConfigurationError(f"instance {instance_id!r} is running already")
-        worker = self.app.worker(roles=roles, agents=agents, concurrency=concurrency,
+        worker = self.app._worker(roles=roles, agents=agents, concurrency=concurrency,
                                  supervisor_interval=supervisor_interval,
                                  instance_id=instance_id)
         on_virtual_time(worker, self.clock)

@@ -132,8 +132,8 @@ class _Run:
         self.transport = SimTransport(fault=self.decisions.message, unacked_timeout=10.0)
         self.app = _build_app(schedule, self.remote)
         # the app's store and transport are the simulation's: one in-memory world
-        self.app._store = GatedStore(self.store, fault=self.decisions.store_call)
-        self.app._transport = self.transport
+        self.app._backends.use(store=GatedStore(self.store, fault=self.decisions.store_call),
+                               transport=self.transport)
         self.gates: list[Gate] = []
         self.passages_of: collections.defaultdict[Gate, collections.Counter[str]] = (
             collections.defaultdict(collections.Counter))
@@ -148,7 +148,7 @@ class _Run:
         point = self.decisions.crash_point()
         gate = Gate(instance_id, hook=lambda g, what: self._passage(g, what, point, roles))
         gate.on_crash.append(lambda: self._replace(gate, roles))
-        worker = self.app.worker(roles=roles, instance_id=instance_id,
+        worker = self.app._worker(roles=roles, instance_id=instance_id,
                                  supervisor_interval=SUPERVISOR_INTERVAL)
         on_virtual_time(worker, self.clock)
         self.gates.append(gate)
@@ -195,7 +195,7 @@ class _Run:
                                          f"{kind} at {point}", times=times, only=[instance_id]))
 
     def submit(self, task_id: str, workflow: str) -> None:
-        new = self.app.new_task(workflow, {"n": len(self.submitted)}, task_id=task_id)
+        new = self.app._new_task(workflow, {"n": len(self.submitted)}, task_id=task_id)
         self.store.submit_blocking(new)  # acknowledged: from here on it must end
         self.submitted.append(task_id)
         action = self.decisions.operator_action()

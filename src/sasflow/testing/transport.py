@@ -247,9 +247,5 @@ class SimTransport:
     async def ping(self) -> None:
         """Always reachable."""
 
-    def has_consumer(self, queue: str) -> bool:
-        found = self._queues.get(queue)
-        return found is not None and found.consumers > 0
-
     async def close(self) -> None:
         self._queues.clear()

@@ -131,7 +131,7 @@ class AmqpTransport:
         self._opening: asyncio.Task[tuple[AbstractRobustConnection, AbstractChannel]] | None
         self._opening = None
         self._declared: set[str] = set()  # queues the publishing channel has declared
-        self._consumed: dict[str, int] = {}
+        self._consumed: dict[str, int] = {}  # consumers running in this process, by queue
         self._bundler = Bundler(self._send, max_bytes=max_message_bytes)
         self._closed = False
         self._outage = Outage(log, f"RabbitMQ at {redact(self.url)}")
@@ -288,7 +288,7 @@ class AmqpTransport:
                 pause = min(pause * 2, 1.0)
 
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> None:
-        # counted from the start, so has_consumer is true as soon as consuming begins
+        # counted from the start: a consumer counts as soon as consuming begins
         self._consumed[queue] = self._consumed.get(queue, 0) + 1
         running: set[asyncio.Task[object]] = set()
         # bundles hold several messages each: `prefetch` bounds the handlers running
@@ -442,9 +442,6 @@ class AmqpTransport:
         except (aiormq.exceptions.AMQPError, *_CONNECTION_ERRORS) as error:
             raise TransportError(f"cannot purge the dead letters: {error!r}") from error
         return int(purged.message_count or 0)
-
-    def has_consumer(self, queue: str) -> bool:
-        return self._consumed.get(queue, 0) > 0
 
     async def close(self) -> None:
         self._closed = True

@@ -69,10 +69,6 @@ class Transport(Protocol):
         """Return if the transport is reachable; TransportError if not (health checks)."""
         ...
 
-    def has_consumer(self, queue: str) -> bool:
-        """Whether this process consumes `queue` (in-process transports only route locally)."""
-        ...
-
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         """The messages no consumer could handle (R3), oldest first."""
         ...

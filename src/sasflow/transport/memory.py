@@ -57,7 +57,7 @@ class MemoryTransport:
         self.max_message_bytes = max_message_bytes
         self.policy = policy
         self._queues: dict[str, asyncio.Queue[_Message]] = {}
-        self._consumed: dict[str, int] = {}
+        self._consumed: dict[str, int] = {}  # consumers running in this process, by queue
         self._open_box = dead_letter_box
         self._box: DeadLetterBox | None = None if dead_letter_box else ListBox()
         self.stranded = ListBox()  # dead letters the box could not take (the store was down)
@@ -154,9 +154,6 @@ class MemoryTransport:
 
     async def ping(self) -> None:
         """In-process queues are always there."""
-
-    def has_consumer(self, queue: str) -> bool:
-        return self._consumed.get(queue, 0) > 0
 
     async def close(self) -> None:
         for timer in self._timers:

@@ -218,7 +218,7 @@ class RedisTransport:
         self._leave = self._redis.register_script(_LEAVE)
         self._instance = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self._calls = itertools.count(1)
-        self._consumed: dict[str, int] = {}
+        self._consumed: dict[str, int] = {}  # consumers running in this process, by queue
         # one for every consumer: a restart is a few lines, not a few per queue
         self._outage = Outage(log, f"Redis at {redact(redis_url)}")
 
@@ -478,9 +478,6 @@ class RedisTransport:
         except (TransportError, RedisError) as exc:
             # held entries stay pending and are taken over after the visibility timeout
             log.warning("could not leave the consumer group of %s cleanly: %s", key, exc)
-
-    def has_consumer(self, queue: str) -> bool:
-        return self._consumed.get(queue, 0) > 0
 
     async def ping(self) -> None:
         try:

@@ -135,7 +135,7 @@ class _Run:
     def main(self) -> int:
         app = build_app(self.store)
         try:
-            sqlite = app.store  # opens the file and creates the schema before workers do
+            sqlite = app._store  # opens the file and creates the schema before workers do
             if not isinstance(sqlite, SQLiteStore):
                 raise SasflowError(f"{self.store} is not a SQLite store")
             with RemoteService(faults=self.faults) as service, \

@@ -1,5 +1,5 @@
-"""A private event loop in a background thread: the sync facade's way into the
-async core (STYLE: an async core with a thin sync facade, not two copies)."""
+"""A private event loop in a background thread: the blocking methods' way into
+the async core (STYLE: an async core with a thin sync facade, not two copies)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["Portal", "refuse_inside_a_loop"]
+__all__ = ["BackgroundLoop", "refuse_inside_a_loop"]
 
 T = TypeVar("T")
 
@@ -22,7 +22,9 @@ def refuse_inside_a_loop() -> None:
     raise RuntimeError("inside an event loop: use the async twin (await app.a...)")
 
 
-class Portal:
+class BackgroundLoop:
+    """An event loop started on first use, in a daemon thread, until `close`."""
+
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
@@ -40,15 +42,21 @@ class Portal:
                     loop.call_soon(ready.set)
                     loop.run_forever()
 
-                self._thread = threading.Thread(target=serve, name="sasflow-portal",
+                self._thread = threading.Thread(target=serve, name="sasflow-loop",
                                                 daemon=True)
                 self._thread.start()
                 ready.wait()
                 self._loop = loop
             return self._loop
 
+    @property
+    def started(self) -> asyncio.AbstractEventLoop | None:
+        """The loop, if it runs (without starting one)."""
+        with self._lock:
+            return self._loop
+
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run `coro` on the portal's loop and wait for its result (sync callers only)."""
+        """Run `coro` on the background loop and wait for its result (sync callers only)."""
         try:
             refuse_inside_a_loop()
         except RuntimeError:

@@ -1,0 +1,346 @@
+"""The client side of an application: submit tasks, read them, wait for them,
+follow their status messages, and act on them as an operator (E8).
+
+One naming rule for every operation: `x()` blocks (it runs on a private event
+loop in a background thread, background_loop.py) and `ax()` is its coroutine
+for use inside an event loop — `submit`/`asubmit`, `get`/`aget`, `list`/`alist`,
+`history`/`ahistory`, `alerts`/`aalerts`, `listen`/`alisten`, `retry`/`aretry`,
+`compensate`/`acompensate`, `cancel`/`acancel`, `migrate`/`amigrate`,
+`dead_letters`/`adead_letters`, `dead_letter`/`adead_letter`,
+`purge_dead_letters`/`apurge_dead_letters`. Where
+`ax` would be a Python keyword it takes a trailing underscore (PEP 8):
+`wait`/`await_`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import functools
+import secrets
+import time
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from sasflow.backends import Backends
+from sasflow.background_loop import BackgroundLoop, refuse_inside_a_loop
+from sasflow.declarations import Declarations
+from sasflow.errors import (
+    InvalidTransitionError,
+    PayloadError,
+    UnknownTaskError,
+    UnknownWorkflowError,
+    WaitTimeout,
+)
+from sasflow.messages import Status, encode_json_value
+from sasflow.model import Task, TaskState, idempotency_key
+from sasflow.plan import Plan, task_version
+from sasflow.signals import InProcessSignals
+from sasflow.status_stream import Listening, statuses
+from sasflow.store.base import Alert, HistoryEntry, NewTask, Store
+from sasflow.transition import Transition
+from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Transport
+from sasflow.transport.dead_letter import DeadLetter
+
+__all__ = ["Client", "Migration", "new_task_id"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_MAX_TASK_ID = 200
+_ALL = 2**31 - 1  # every task of a listing
+_OPERATE_TRIES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """What `App.migrate` did, or (dry run) would do, with one task."""
+
+    task_id: str
+    from_version: str
+    to_version: str
+    migrated: bool  # done (or possible, in a dry run)
+    refused: str | None  # why not, in one line
+
+
+def new_task_id() -> str:
+    """A unique id that sorts by creation time (the layout of a UUIDv7, in hex).
+
+    Time-ordered ids keep the store's B-trees appending at their right edge instead
+    of touching a random page per insert, so each commit writes fewer pages.
+    """
+    millis = time.time_ns() // 1_000_000
+    return f"{millis:012x}{secrets.token_hex(10)}"
+
+
+def _blocking(fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]
+              ) -> Callable[Concatenate[Any, P], T]:
+    """The blocking twin of the coroutine method `fn`, run on the client's loop."""
+
+    @functools.wraps(fn)
+    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._loop.call(fn(self, *args, **kwargs))
+
+    call.__name__ = fn.__name__[1:].rstrip("_")  # aget -> get, await_ -> wait
+    call.__qualname__ = f"{fn.__qualname__.rpartition('.')[0]}.{call.__name__}"
+    call.__doc__ = f"Blocking twin of `{fn.__name__}`: {fn.__doc__ or ''}".rstrip(": ")
+    return call
+
+
+class Client:
+    """Submits, reads and acts on the tasks in an application's store."""
+
+    def __init__(self, store: str | None = None, transport: str | None = None, *,
+                 max_payload_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 clock: Callable[[], float] | None = None) -> None:
+        self._backends = Backends(store, transport, max_payload_bytes=max_payload_bytes,
+                                  clock=clock)
+        self._declared = Declarations()
+        self._signals = InProcessSignals(now=lambda: self._store.now())
+        self._loop = BackgroundLoop()
+
+    # ------------------------------------------------------------ where it points
+    @property
+    def store_url(self) -> str | None:
+        return self._backends.store_url
+
+    @property
+    def transport_url(self) -> str | None:
+        return self._backends.transport_url
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._backends.max_payload_bytes
+
+    def configure(self, *, store: str | None = None, transport: str | None = None,
+                  connect_within: float | None = None, create: bool | None = None) -> None:
+        """Point the app elsewhere before it first touches its store (the CLI's options).
+        `connect_within` bounds the wait for a server store; `create=False` refuses a
+        store that does not exist yet instead of creating it (operator commands)."""
+        self._backends.configure(store=store, transport=transport,
+                                 connect_within=connect_within, create=create)
+
+    @property
+    def _store(self) -> Store:
+        return self._backends.store
+
+    @property
+    def _transport(self) -> Transport:
+        return self._backends.transport
+
+    def _plans(self) -> dict[str, Plan]:
+        return self._declared.plans()
+
+    # ------------------------------------------------------------ submission
+    def _new_task(self, workflow: str, input: Any = None, *, task_id: str | None = None,
+                  reply_to: str | None = None) -> NewTask:
+        """Validate a submission and build its record; raises before anything is written."""
+        declared = self._declared.known(workflow)
+        if task_id is None:
+            task_id = new_task_id()
+        if not isinstance(task_id, str) or not task_id or len(task_id) > _MAX_TASK_ID or (
+                not task_id.isprintable()):
+            raise PayloadError(f"task id must be 1-{_MAX_TASK_ID} printable characters,"
+                               f" got {task_id!r}")
+        if reply_to is not None and (not isinstance(reply_to, str) or not reply_to
+                                     or not reply_to.isprintable()):
+            raise PayloadError(f"reply_to must be a queue name, got {reply_to!r}")
+        try:
+            body = encode_json_value(input)
+        except TypeError as error:
+            raise PayloadError(f"input is not JSON-serialisable: {error}",
+                               task_id=task_id) from None
+        if len(body) > self.max_payload_bytes:
+            raise PayloadError(f"input of {len(body)} bytes is over the limit of"
+                               f" {self.max_payload_bytes} bytes", task_id=task_id)
+        return NewTask(task_id=task_id, workflow=workflow, input_json=body, reply_to=reply_to,
+                       steps=[(s.name, s.agent, idempotency_key(task_id, s.name))
+                              for s in declared.steps],
+                       version=declared.version)  # only workers of this version run it
+
+    async def asubmit(self, workflow: str, input: Any = None, *, task_id: str | None = None,
+                      reply_to: str | None = None, connection: Any = None) -> str:
+        """Submit a task; idempotent on task_id. With `connection` (a DB-API connection to
+        the store's database) it joins the caller's transaction (E1)."""
+        new = self._new_task(workflow, input, task_id=task_id, reply_to=reply_to)
+        await self._store.submit(new, connection=connection)
+        if connection is None:
+            self._signals.wake_schedulers()
+        return new.task_id
+
+    def submit(self, workflow: str, input: Any = None, *, task_id: str | None = None,
+               reply_to: str | None = None, connection: Any = None) -> str:
+        """Blocking twin of `asubmit`."""
+        new = self._new_task(workflow, input, task_id=task_id, reply_to=reply_to)
+        if connection is not None:  # the caller's transaction lives in the caller's thread
+            self._store.submit_in(connection, new)
+        else:
+            refuse_inside_a_loop()
+            self._store.submit_blocking(new)
+            self._signals.wake_schedulers()
+        return new.task_id
+
+    # ------------------------------------------------------------ reading
+    async def aget(self, task_id: str) -> Task:
+        """The task and its steps; UnknownTaskError if there is none by that id."""
+        task = await self._store.get(task_id)
+        if task is None:
+            raise UnknownTaskError(f"unknown task {task_id!r}", task_id=task_id)
+        return task
+
+    async def await_(self, task_id: str, timeout: float | None = 60.0) -> Task:
+        """Wait until the task reaches a terminal state; WaitTimeout if it does not."""
+        try:
+            self._signals.hear(self._store)
+            async with self._signals.waiting(task_id) as ended, asyncio.timeout(timeout):
+                poll = 0.005  # what no signal tells of (another process, a lost datagram)
+                while True:
+                    task = await self.aget(task_id)
+                    if task.terminal:
+                        return task
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(poll):
+                            await ended.wait()
+                    ended.clear()
+                    poll = min(poll * 2, 0.25)
+        except TimeoutError:
+            raise WaitTimeout(f"task {task_id} did not finish within {timeout}s",
+                              task_id=task_id) from None
+
+    async def alist(self, *, state: str | None = None, workflow: str | None = None,
+                    limit: int = 100) -> builtins.list[Task]:
+        """Tasks, oldest first, optionally only those in `state` or of `workflow`."""
+        try:
+            wanted = TaskState(state) if state is not None else None
+        except ValueError:
+            choices = ", ".join(s.value for s in TaskState)
+            raise PayloadError(f"unknown state {state!r} (choose {choices})") from None
+        return await self._store.list_tasks(state=wanted, workflow=workflow, limit=limit)
+
+    async def ahistory(self, task_id: str) -> builtins.list[HistoryEntry]:
+        """Every recorded state change of the task, oldest first."""
+        await self.aget(task_id)
+        return await self._store.history(task_id)
+
+    async def aalerts(self, *, limit: int = 100, after: int = 0) -> builtins.list[Alert]:
+        """Operator alerts, oldest first; `after` an id, to page or to follow new ones."""
+        return await self._store.alerts(limit=limit, after=after)
+
+    def alisten(self, queue: str) -> AsyncGenerator[Status, None]:
+        """Status messages of the tasks submitted with ``reply_to=queue`` (E11), as an
+        async iterator; close it (``contextlib.aclosing``) to stop listening."""
+        return statuses(self._store, self._transport, queue)
+
+    def listen(self, queue: str) -> Listening:
+        """Blocking twin of `alisten`: ``with app.listen(q) as s: for status in s: ...``."""
+        return Listening(self.alisten(queue), self._loop)
+
+    get = _blocking(aget)
+    wait = _blocking(await_)
+    history = _blocking(ahistory)
+    alerts = _blocking(aalerts)
+
+    # ------------------------------------------------------------ operator actions (E8)
+    async def _operate(self, task_id: str,
+                       decide: Callable[[Plan, Task, float], Transition]) -> Task:
+        plans = self._plans()
+        for _ in range(_OPERATE_TRIES):  # the task may move under us: read again and retry
+            task = await self.aget(task_id)
+            plan = plans.get(task.workflow)
+            if plan is None:
+                raise UnknownWorkflowError(
+                    f"task {task_id} belongs to workflow {task.workflow!r}, unknown to this app",
+                    task_id=task_id)
+            transition = decide(plan, task, self._store.now())
+            if await self._store.apply(transition):
+                self._signals.wake_schedulers()
+                return await self.aget(task_id)
+        raise InvalidTransitionError(f"task {task_id} keeps changing; try again",
+                                     task_id=task_id)
+
+    async def aretry(self, task_id: str, step: str | None = None) -> Task:
+        """Resubmit a task's failed step (default: the one that failed), once fixed."""
+        return await self._operate(task_id, lambda p, t, now: p.retry(t, now, step))
+
+    async def acompensate(self, task_id: str) -> Task:
+        """Undo a task: compensate its completed steps, last first."""
+        return await self._operate(task_id, lambda p, t, now: p.compensate(t, now))
+
+    async def acancel(self, task_id: str) -> Task:
+        """Stop a task where it is, undoing nothing."""
+        return await self._operate(task_id, lambda p, t, now: p.cancel(t, now))
+
+    async def amigrate(self, workflow: str, *, from_version: str | None = None,
+                       dry_run: bool = False) -> builtins.list[Migration]:
+        """Move the pending and error tasks of other versions of `workflow` (or of
+        `from_version` only) onto the version declared here, each where it is
+        provably safe (plan.Plan.migrate), fenced like every operator action.
+
+        Returns what became of each task, oldest first; with `dry_run` nothing is
+        written and each says what would be done. Tasks being run are left to the
+        workers of their own version.
+        """
+        self._declared.known(workflow)
+        plan = self._plans()[workflow]
+        target = plan.workflow.version
+        if from_version == target:
+            raise InvalidTransitionError(f"version {target} is the one this application"
+                                         f" declares for {workflow!r}: nothing to migrate")
+        done = []
+        for state in (TaskState.PENDING, TaskState.ERROR):
+            for found in await self._store.list_tasks(state=state, workflow=workflow,
+                                                      limit=_ALL):
+                if found.version == target or from_version not in (None, found.version):
+                    continue
+                done.append(await self._migrate_one(plan, found.task_id, dry_run))
+        return done
+
+    async def _migrate_one(self, plan: Plan, task_id: str, dry_run: bool) -> Migration:
+        task = await self.aget(task_id)
+        old = task_version(task)
+        try:
+            if dry_run:
+                plan.migrate(task, self._store.now())
+            else:
+                await self._operate(task_id, lambda p, t, now: plan.migrate(t, now))
+        except InvalidTransitionError as refused:
+            return Migration(task_id, old, plan.workflow.version, False, str(refused))
+        return Migration(task_id, old, plan.workflow.version, True, None)
+
+    retry = _blocking(aretry)
+    compensate = _blocking(acompensate)
+    cancel = _blocking(acancel)
+    migrate = _blocking(amigrate)
+    # last: inside this class body, `list` means the method from here on
+    list = _blocking(alist)
+
+    # ------------------------------------------------------------ dead letters (R3)
+    async def adead_letters(self, *, limit: int = 100) -> builtins.list[DeadLetter]:
+        """The messages no consumer could handle, oldest first: the broker's, or (for
+        the in-process transport, whose queues die with their process) the store's."""
+        return await self._transport.dead_letters(limit=limit)
+
+    async def adead_letter(self, letter_id: str) -> DeadLetter | None:
+        """One dead letter, whole; None if there is none by that id."""
+        return await self._transport.dead_letter(letter_id)
+
+    async def apurge_dead_letters(self) -> int:
+        """Forget every dead letter; how many there were."""
+        return await self._transport.purge_dead_letters()
+
+    dead_letters = _blocking(adead_letters)
+    dead_letter = _blocking(adead_letter)
+    purge_dead_letters = _blocking(apurge_dead_letters)
+
+    def close(self) -> None:
+        """Close the store, the transport the blocking methods opened, and the
+        background loop (a closed client opens them again if used)."""
+        transport = self._backends.detach_transport_of(self._loop.started)
+        if transport is not None:  # closed on its own loop: a broker's client is bound to it
+            self._loop.run(transport.close())
+        store = self._backends.detach_store()
+        if store is not None:
+            self._loop.run(store.close())
+        self._loop.close()

@@ -1,0 +1,86 @@
+"""Running an application's roles in this process: a Worker assembled from the
+app's parts (store, transport, declarations, settings), served in the caller's
+event loop (`App.arun`), in a fresh one until a signal (`App.run`), or in the
+background thread (`App.start` ... `App.stop`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from typing import Any
+
+from sasflow.backends import Backends
+from sasflow.background_loop import BackgroundLoop
+from sasflow.declarations import Declarations
+from sasflow.errors import ConfigurationError
+from sasflow.signals import InProcessSignals
+from sasflow.worker import Worker, WorkerSettings
+
+__all__ = ["Runner"]
+
+
+class Runner:
+    def __init__(self, backends: Backends, declared: Declarations, signals: InProcessSignals,
+                 loop: BackgroundLoop) -> None:
+        self._backends = backends
+        self._declared = declared
+        self._signals = signals
+        self._loop = loop
+        self._background: asyncio.Task[None] | None = None
+
+    def worker(self, **options: Any) -> Worker:
+        """A worker over the app's parts; `options` are WorkerSettings' fields."""
+        return Worker(store=self._backends.store, transport=self._backends.transport,
+                      workflows=self._declared.workflows, agents=self._declared.agents,
+                      settings=WorkerSettings(**options), on_applied=self._signals.applied,
+                      on_alert=self._signals.alerted)
+
+    async def serve(self, worker: Worker) -> None:
+        """Run `worker` until cancelled; meanwhile this process's submissions wake it."""
+        with self._signals.scheduler(worker.scheduler):
+            await worker.run()
+
+    def run(self, **options: Any) -> None:
+        async def main() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, task.cancel)
+            try:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.serve(self.worker(**options))
+            finally:
+                # closed in the loop it served: a broker client left open keeps
+                # reconnecting, and swallows the cancellation that ends the loop (R2)
+                transport = self._backends.detach_transport()
+                if transport is not None:
+                    await transport.close()
+
+        asyncio.run(main())
+
+    def start(self, **options: Any) -> None:
+        if self._background is not None:
+            raise ConfigurationError("this app is already running in the background")
+        worker = self.worker(**options)
+
+        async def launch() -> asyncio.Task[None]:
+            return asyncio.create_task(self.serve(worker))
+
+        self._background = self._loop.run(launch())
+
+    def stop(self) -> None:
+        background, self._background = self._background, None
+        if background is None:
+            return
+
+        async def halt() -> None:
+            background.cancel()
+            await asyncio.gather(background, return_exceptions=True)
+            # on the loop the roles used: a broker client is bound to its loop
+            transport = self._backends.detach_transport()
+            if transport is not None:
+                await transport.close()
+
+        self._loop.run(halt())
