@@ -363,8 +363,12 @@ class Plan:
         """Start the next compensation at or below `highest`, or finish as compensated.
 
         With no `owner` (supervisor, operator) the task is left unlocked for any
-        scheduler to claim.
+        scheduler to claim. Compensation starts with a failure budget of its own
+        (S9: recoverable like any step): the forward steps' failures stay on their
+        units and in the task's error, and do not leave the undo a single attempt.
         """
+        if task.state is not TaskState.COMPENSATING:
+            task.failure_count = 0
         task.phase = Phase.UNDO
         units, events = list(units or []), list(events or [])
         who = actor or owner or "scheduler"

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -43,7 +44,8 @@ from sasflow.transition import Transition
 from sasflow.transport.base import Transport
 from sasflow.workflow import Workflow
 
-__all__ = ["DEFAULT_HEARTBEAT", "ROLES", "Worker", "WorkerSettings", "default_instance_id"]
+__all__ = ["DEFAULT_HEARTBEAT", "ROLES", "Worker", "WorkerSettings", "check_instance_id",
+           "default_instance_id"]
 
 log = logging.getLogger("sasflow.worker")
 
@@ -60,6 +62,20 @@ def default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+# An instance id names the instance's reply queue (RabbitMQ, Redis) and its row in the
+# store, and is typed into health probes: letters, digits and a few separators.
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,99}")
+
+
+def check_instance_id(instance_id: str) -> str:
+    """`instance_id` if it can name a queue on every transport; else ConfigurationError."""
+    if not _INSTANCE_ID.fullmatch(instance_id):
+        raise ConfigurationError(
+            f"instance id {instance_id[:120]!r} must be 1-100 characters: letters, digits"
+            " and . _ : @ - (not first)")
+    return instance_id
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     """Which roles a worker runs, for which agents, and how (the `sasflow worker`
@@ -72,6 +88,10 @@ class WorkerSettings:
     instance_id: str | None = None  # None: default_instance_id()
     heartbeat: float = DEFAULT_HEARTBEAT
     heartbeat_lease: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.instance_id is not None:
+            check_instance_id(self.instance_id)
 
     @property
     def lease(self) -> float:

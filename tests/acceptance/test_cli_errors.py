@@ -80,6 +80,9 @@ def test_oversized_input_from_a_file_is_refused(seeded: Cli, tmp_path: Path) -> 
     (["worker", SHOP, "--concurrency", "0"], "Invalid value for '--concurrency'"),
     (["worker", SHOP, "--supervisor-interval", "0"], "Invalid value for '--supervisor-interval'"),
     (["worker", SHOP, "--agents", "inventory,couriers"], "'couriers' not declared by"),
+    # it names a queue on the broker: a space or a slash would be another queue's name
+    (["worker", SHOP, "--instance-id", "pod 1/a"], "instance id 'pod 1/a' must be 1-100"),
+    (["worker", SHOP, "--instance-id", "p" * 101], "must be 1-100 characters"),
     (["demo", "--orders", "0"], "Invalid value for '--orders'"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_usage_error_exits_2_with_one_line_and_writes_nothing(

@@ -373,6 +373,29 @@ def test_compensation_expiry_is_recovered_like_a_step() -> None:
     assert t.alert is not None and "compensation" in t.alert
 
 
+def test_compensation_after_the_forward_budget_ran_out_has_a_budget_of_its_own() -> None:
+    """S9: compensation is recovered like any step. A task whose forward steps used up
+    `max_failures` turns to compensation with none of it spent, so its compensator gets
+    `max_failures` attempts too, not a single one; the step's own count stays."""
+    plan = make_plan(max_failures=2)
+    task = new_task(plan)
+    run_until(plan, task, 1)  # reserve completed, charge running
+    plan.expire(task, "sup", NOW + 6)
+    plan.claim(task, "s2", NOW + 7)
+    t = plan.expire(task, "sup", NOW + 20)  # charge's second expiry: the budget is spent
+    assert (t.state, t.failure_count) == (T.COMPENSATING, 0)
+    assert task.steps[1].failure_count == 2 and task.error == "step charge: expired 2 times"
+    t = plan.claim(task, "s3", NOW + 21)  # undo reserve, running
+    t = plan.expire(task, "sup", NOW + 40)
+    assert (t.state, t.failure_count, t.locked_by) == (T.COMPENSATING, 1, None)
+    t = plan.claim(task, "s4", NOW + 41)
+    assert task.steps[0].compensation is not None
+    assert task.steps[0].compensation.attempts == 2
+    t = plan.expire(task, "sup", NOW + 60)
+    assert (t.state, t.failure_count) == (T.ERROR, 2)
+    assert t.alert is not None and "compensation of reserve" in t.alert
+
+
 def test_permanent_error_in_a_compensation_alerts() -> None:
     """A compensation that fails for good cannot be undone: error + alert."""
     plan = make_plan()

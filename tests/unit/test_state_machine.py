@@ -45,7 +45,7 @@ from sasflow.model import (
 )
 from sasflow.plan import Plan
 from sasflow.transition import Transition, UnitChange, applied
-from sasflow.workflow import Step, Workflow
+from sasflow.workflow import OnFailure, Step, Workflow
 
 T, S = TaskState, StepState
 TASK_ID = "task-1"
@@ -250,6 +250,7 @@ class TaskLifecycle(RuleBasedStateMachine):
                 return  # the task finished, or this driver no longer runs a unit of it
             self.now += wait
             ok, failures = outcome == "ok", self.record.task.failure_count
+            state_before = self.record.task.state
             result = {"by": driver.owner, "at": self.now} if ok else None
             error = None if ok else f"{outcome} failure"
             permanent = outcome == "permanent"
@@ -262,7 +263,7 @@ class TaskLifecycle(RuleBasedStateMachine):
             t = decided(driver.view, reply)
             assert self.commit_held(driver, t), "the holder's reply must land"
             if outcome == "gave up":
-                assert self.record.task.failure_count == failures + 1
+                self.assert_one_more_failure(failures, state_before)
 
     @precondition(lambda self: self.holder() is not None
                   and self.record.task.state is T.PROCESSING
@@ -324,12 +325,21 @@ class TaskLifecycle(RuleBasedStateMachine):
         _, early = self.plan_on_copy(lambda v: self.plan.expire(v, "sup-1", complete_by))
         assert not self.commit(early)
         self.now = max(self.now, complete_by + 0.5)
-        failures = self.record.task.failure_count
+        failures, state_before = self.record.task.failure_count, self.record.task.state
         first, t1 = self.plan_on_copy(lambda v: self.plan.expire(v, "sup-1", self.now))
         _, t2 = self.plan_on_copy(lambda v: self.plan.expire(v, "sup-2", self.now))
         assert self.commit(t1, first)
         assert not self.commit(t2)
-        assert self.record.task.failure_count == failures + 1
+        self.assert_one_more_failure(failures, state_before)
+
+    def assert_one_more_failure(self, failures: int, state_before: TaskState) -> None:
+        """A failed attempt counts once (S8); the one that turns the task to compensation
+        leaves the undo a budget of its own (S9), starting from none spent."""
+        task = self.record.task
+        if state_before is not T.COMPENSATING and task.phase is Phase.UNDO:
+            assert task.failure_count == 0
+        else:
+            assert task.failure_count == failures + 1
 
     # ------------------------------------------------------------ operators (E8)
     # Operators mostly act on tasks in error; now and then on any task, which the
@@ -379,6 +389,14 @@ class TaskLifecycle(RuleBasedStateMachine):
                    label="compensations")
 
     # ------------------------------------------------------------ invariants
+    @invariant()
+    def failures_stay_within_the_budget(self) -> None:
+        """No task counts more failures than its workflow allows, forward or undoing (S8),
+        unless the policy parks it at the threshold and retries on (S8: "wait an extended
+        period before the next retry")."""
+        if hasattr(self, "record") and self.plan.workflow.on_failure is not OnFailure.PARK:
+            assert self.record.task.failure_count <= self.plan.workflow.max_failures
+
     @invariant()
     def locked_exactly_while_a_unit_runs(self) -> None:
         """LockedBy (and CompleteBy) set iff processing, or compensating with an undo running."""

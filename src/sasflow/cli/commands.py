@@ -23,7 +23,7 @@ from sasflow.cli.options import (
 )
 from sasflow.errors import ConfigurationError, PayloadError, SasflowError
 from sasflow.redact import RedactingFilter, redact
-from sasflow.worker import DEFAULT_HEARTBEAT, ROLES, default_instance_id
+from sasflow.worker import DEFAULT_HEARTBEAT, ROLES, check_instance_id, default_instance_id
 
 __all__ = ["demo", "submit", "worker"]
 
@@ -97,6 +97,10 @@ def worker(app_ref: AppRef, roles: tuple[str, ...], agents: tuple[str, ...] | No
                 f" (declared: {', '.join(app.agents) or 'none'})", param_hint="'--agents'")
     app.configure(store=store, transport=transport)
     name = instance_name(instance_id) if instance_id else default_instance_id()
+    try:
+        check_instance_id(name)
+    except ConfigurationError as error:
+        raise click.BadParameter(str(error), param_hint="'--instance-id'") from None
     # until the event loop installs its own handlers, SIGTERM stops us like SIGINT does
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -170,7 +170,8 @@ def _bounded_retries(task: Task, entries: list[HistoryEntry], remote: SimRemote,
         out += [f"{task.task_id}: {step.name}/{phase} dispatched {n} times"
                 f" (max_failures {policy.max_failures}, handed back {handed_back})"
                 for phase, n in units if n > allowed_dispatches]
-    if task.failure_count > (policy.max_failures + 1) * (1 + retried):
+    # forward and undo each have the workflow's budget; an operator command starts afresh
+    if task.failure_count > policy.max_failures:
         out.append(f"{task.task_id}: {task.failure_count} failures counted"
                    f" (max_failures {policy.max_failures})")
     return out
