@@ -1,13 +1,22 @@
 # make demo   set up .venv and run the order-processing demo
-# make test   set up .venv and run the whole test suite
+# make test   set up .venv and run lint, types and the whole test suite
 # make check  lint + types
 # make bench  run the benchmarks (see docs/benchmarks.md)
+#
+# The suite by cost, cheapest first (each also sets up .venv; docs/testing.md):
+# make test-unit        pure logic, no server, no process: seconds
+# make test-sim         the deterministic simulation and sasflow.testing: seconds
+# make test-contract    every store and transport against the machine's servers
+# make test-acceptance  the `sasflow` command line as a subprocess
+# make test-chaos       worker processes killed, frozen and partitioned
+# make test-scenario    the fault matrix: private servers crashed and restarted
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: demo test check bench clean
+.PHONY: demo test check bench clean \
+	test-unit test-sim test-contract test-acceptance test-chaos test-scenario
 
 $(BIN)/sasflow: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +31,9 @@ test: $(BIN)/sasflow
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+
+test-unit test-sim test-contract test-acceptance test-chaos test-scenario: $(BIN)/sasflow
+	$(BIN)/pytest -q tests/$(@:test-%=%)
 
 check: $(BIN)/sasflow
 	$(BIN)/ruff check src tests bench

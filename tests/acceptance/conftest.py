@@ -1,4 +1,4 @@
-"""Fixtures of the command-line tests: a `Cli` per test, on its own store (cliharness.py)."""
+"""Fixtures of the command-line tests: a `Cli` per test, on its own store (support/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cliharness import SHOP, Cli
+
+from support.cli import SHOP, Cli
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cliharness import Cli
+
+from support.cli import Cli
 
 APP_WITH_ITS_OWN_STORE = """
     from sasflow import App, Step

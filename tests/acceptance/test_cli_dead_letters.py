@@ -12,10 +12,10 @@ import contextlib
 import uuid
 
 import pytest
-from cliharness import WAIT, Cli
 
 from sasflow.store import open_store
 from sasflow.transport import DeadLetter, MalformedMessage, open_transport
+from support.cli import WAIT, Cli
 
 BODY = b'{"task_id": "t-1", "oops": "' + b"x" * 300 + b'"}'
 

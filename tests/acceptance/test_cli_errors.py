@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cliharness import APPS, SHOP, Cli
+
+from support import APPS
+from support.cli import SHOP, Cli
 
 USAGE, FAILURE = 2, 1
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
-from cliharness import Cli
 
 from sasflow.cli import cli as root
+from support.cli import Cli
 
 
 def commands(ctx: click.Context) -> Iterator[click.Context]:

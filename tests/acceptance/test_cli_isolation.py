@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from cliharness import APPS, Cli
+
+from support import APPS
+from support.cli import Cli
 
 
 @pytest.mark.parametrize("app", ["isolatedapp:app", f"{APPS / 'isolatedapp.py'}:app"])
@@ -17,6 +19,6 @@ def test_a_worker_runs_a_process_isolated_agent_outside_its_own_process(
     task = cli.wait_for("label-1", "processed", worker)
     assert worker.stop() == 0
     result = task["steps"][0]["result"]
-    assert result["pid"] != worker.process.pid
-    assert result["parent"] != worker.process.pid  # the forkserver's child, not a fork of it
+    assert result["pid"] != worker.pid
+    assert result["parent"] != worker.pid  # the forkserver's child, not a fork of it
     assert "Traceback" not in worker.text()

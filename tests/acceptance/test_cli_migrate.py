@@ -14,7 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cliharness import APPS, SHOP, Cli
+
+from support import APPS
+from support.cli import SHOP, Cli
 
 NEXT = f"{APPS / 'shopapp_next.py'}:app"
 SHRUNK = f"{APPS / 'shopapp_next.py'}:shrunk"

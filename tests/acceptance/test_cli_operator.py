@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cliharness import SHOP, Cli
+
+from support.cli import SHOP, Cli
 
 FAILURE = 1
 

@@ -3,19 +3,16 @@ naming the cause."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from scenario.servers import PrivatePostgres, free_port
-
-SHOP = f"{Path(__file__).parent / 'apps' / 'shopapp.py'}:app"
+from support.cli import SHOP
+from support.faultproxy import fault_proxy
+from support.servers import PrivatePostgres, free_port
 
 # Hang guard, not a measure: five times the commands' 5 s connect budget, and less
 # than the 30 s the pool used to wait before it gave up.
@@ -69,24 +66,11 @@ def password_postgres() -> Iterator[PrivatePostgres]:
 
 @pytest.fixture
 def silent_port() -> Iterator[int]:
-    """A port that accepts connections and never says a word."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        listener.close()
-        for conn in held:
-            conn.close()
+    """A port that accepts connections and never says a word (a black hole that
+    forwards nowhere)."""
+    with fault_proxy(5432) as silent:
+        silent.set_mode("black-hole")
+        yield silent.port
 
 
 def test_healthcheck_names_a_refused_port() -> None:

@@ -9,7 +9,9 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from cliharness import APPS, SHOP, Cli
+
+from support import APPS
+from support.cli import SHOP, Cli
 
 # CONTRACT.md "Command line": the fields of `tasks show --json` (more may be added)
 TASK_KEYS = {"task_id", "workflow", "state", "locked_by", "complete_by", "failure_count",

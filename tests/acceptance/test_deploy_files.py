@@ -39,6 +39,8 @@ import yaml
 from sasflow.cli import cli, run
 from sasflow.cli.app_ref import AppRef, load_app
 from sasflow.worker import ROLES
+from support.cli import SHOP
+from support.process import Process
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -46,7 +48,6 @@ SYSTEMD = DEPLOY / "systemd"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "compose.yaml"
 GUIDE = ROOT / "docs" / "deploy.md"
-SHOP = f"{ROOT / 'tests' / 'acceptance' / 'apps' / 'shopapp.py'}:app"
 SHOP_AGENTS = ("inventory", "payments", "shipping")
 SASFLOW = Path(sys.executable).parent / "sasflow"  # the installed console script
 SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -367,8 +368,8 @@ def test_manifest_healthchecks_and_upgrade_on_postgres_and_rabbitmq(
     beating = sorted(c for c in checks if "--instance-id" in c)
     assert beating, "the workers' probes check their own worker's heartbeat"
     # a worker named as the containers name theirs (a supervisor: it consumes no queue)
-    worker = Process("probed", [str(SASFLOW), "worker", SHOP, "--roles", "supervisor",
-                                "--instance-id", "{host}"], up, tmp_path)
+    worker = unit_process("probed", [str(SASFLOW), "worker", SHOP, "--roles", "supervisor",
+                                     "--instance-id", "{host}"], up, tmp_path)
     try:
         deadline = time.monotonic() + WAIT
         while (first := sasflow(list(beating[0]), up, tmp_path)).returncode != 0:
@@ -436,29 +437,9 @@ def guide_roles(postgres_server: str, rabbitmq_server: str) -> Iterator[tuple[st
                     conn.execute(f"DROP ROLE {role}")
 
 
-class Process:
-    """One unit's ExecStart as a process, its stderr in a file."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: Path) -> None:
-        self.name = name
-        self.log = cwd / f"{name}.log"
-        with self.log.open("w") as log:
-            self.popen = subprocess.Popen([str(SASFLOW), *argv[1:]], env=env, cwd=cwd,
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def wait_for_log(self, fragment: str, deadline: float) -> None:
-        while fragment not in self.text():
-            assert self.popen.poll() is None, f"{self.name} exited: {self.text()}"
-            assert time.monotonic() < deadline, f"{self.name} did not log {fragment!r}"
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
+def unit_process(name: str, argv: list[str], env: dict[str, str], cwd: Path) -> Process:
+    """One unit's ExecStart as a process (this install's `sasflow`), its output in a file."""
+    return Process.spawn(name, [str(SASFLOW), *argv[1:]], cwd / f"{name}.log", env=env, cwd=cwd)
 
 
 def test_systemd_units_run_a_task_on_postgres_and_rabbitmq_with_the_guides_grants(
@@ -485,10 +466,10 @@ def test_systemd_units_run_a_task_on_postgres_and_rabbitmq_with_the_guides_grant
                 env = unit_environment(unit, local, instance)
                 assert env["SASFLOW_STORE"] == local["sasflow.env"]["SASFLOW_STORE"]
                 label = name.replace("@", f"@{instance}") if instance else name
-                processes.append(Process(label, exec_start(unit, env, instance),
-                                         clean_env(**env), tmp_path))
+                processes.append(unit_process(label, exec_start(unit, env, instance),
+                                              clean_env(**env), tmp_path))
         for process in processes:
-            process.wait_for_log("starting", deadline)
+            process.wait_for_line("starting", timeout=max(deadline - time.monotonic(), 0.0))
 
         worker_env = clean_env(**unit_environment(found["sasflow-scheduler.service"], local))
         task_id = f"deploy-{uuid.uuid4().hex[:8]}"

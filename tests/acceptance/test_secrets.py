@@ -13,15 +13,10 @@ the secret. The errors the Python API raises are checked the same way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import select
-import signal
-import socket
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,12 +26,14 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
-from cliharness import COMMAND, WAIT
 
 from sasflow import App, SasflowError
 from sasflow.store import open_store
 from sasflow.transport import open_transport
-from scenario.servers import PrivateRedis, free_port
+from support.cli import COMMAND, WAIT
+from support.faultproxy import FaultProxy
+from support.process import Process
+from support.servers import PrivateRedis, free_port
 
 SECRET = f"Zq{uuid.uuid4().hex[:20]}"  # unique: found anywhere, it leaked
 LOCAL_PG = "postgresql://postgres{userinfo}@127.0.0.1:{port}/test"
@@ -70,39 +67,24 @@ class Outputs:
         self.seen.append((" ".join(args), done.stdout + done.stderr))
         return done
 
-    def worker(self, *args: str) -> subprocess.Popen[bytes]:
-        path = self.home / f"worker-{len(self.logs)}.log"
-        with path.open("w") as log:
-            started = subprocess.Popen([*COMMAND, "worker", "secretapp:app",
-                                        "--supervisor-interval", "0.1", *args],
-                                       cwd=self.home, env=self.env, stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT)
-        self.logs[started.pid] = path
+    def worker(self, *args: str) -> Process:
+        started = Process.spawn(
+            f"worker-{len(self.logs)}",
+            [*COMMAND, "worker", "secretapp:app", "--supervisor-interval", "0.1", *args],
+            self.home / f"worker-{len(self.logs)}.log", env=self.env, cwd=self.home)
+        self.logs[started.pid] = started.log
         return started
 
-    def stop(self, worker: subprocess.Popen[bytes], what: str) -> None:
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=WAIT)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+    def stop(self, worker: Process, what: str) -> None:
+        worker.stop(timeout=WAIT)
         self.seen.append((what, self.worker_log(worker)))
 
-    def worker_log(self, worker: subprocess.Popen[bytes]) -> str:
-        return self.logs[worker.pid].read_text()
+    def worker_log(self, worker: Process) -> str:
+        return worker.text()
 
-    def wait_for_log(self, worker: subprocess.Popen[bytes], *fragments: str) -> str:
+    def wait_for_log(self, worker: Process, *fragments: str) -> str:
         """Until the worker's log holds one of `fragments`, or the worker has exited."""
-        deadline = time.monotonic() + WAIT
-        while True:
-            text = self.worker_log(worker)
-            if any(f in text for f in fragments) or worker.poll() is not None:
-                return text
-            if time.monotonic() > deadline:
-                pytest.fail(f"the worker logged none of {fragments}: {text}")
-            time.sleep(0.05)
+        return worker.wait_for_line(*fragments, timeout=WAIT, exited_ok=True)
 
     def assert_no_secret(self) -> None:
         assert self.seen
@@ -181,7 +163,7 @@ def test_no_command_shows_a_secret_of_reachable_postgres_and_redis(
         deadline = time.monotonic() + WAIT
         while json.loads(outputs.run("tasks", "show", task_id, "--json", "--store", store)
                          .stdout)["state"] != "processed":
-            assert worker.poll() is None, outputs.worker_log(worker)
+            assert worker.alive, outputs.worker_log(worker)
             assert time.monotonic() < deadline, outputs.worker_log(worker)
             time.sleep(0.1)
         outputs.stop(worker, f"worker on {n}")
@@ -217,61 +199,11 @@ def test_no_error_shows_a_secret_of_an_unreachable_or_refusing_server(
     outputs.assert_no_secret()
 
 
-class CuttingProxy:
-    """A TCP proxy to RabbitMQ that can cut every connection it carries."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.pairs: list[tuple[socket.socket, socket.socket]] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            with self.lock:
-                self.pairs.append((client, server))
-            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            while True:
-                ready, _, _ = select.select([a, b], [], [])
-                for side in ready:
-                    data = side.recv(65536)
-                    if not data:
-                        return
-                    (b if side is a else a).sendall(data)
-
-    def connections(self) -> int:
-        with self.lock:
-            return len(self.pairs)
-
-    def cut(self) -> None:
-        with self.lock:
-            pairs, self.pairs = self.pairs, []
-        for pair in pairs:
-            for sock in pair:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-
-    def close(self) -> None:
-        self.listener.close()
-        self.cut()
-
-
 def test_the_broker_clients_reconnect_warnings_show_no_secret(
         outputs: Outputs, tmp_path: Path, rabbitmq_server: str) -> None:
     """A running worker's RabbitMQ connections are cut: aio-pika logs its reconnect
     warnings with the URL, whose ?password= stays masked."""
-    proxy = CuttingProxy(("127.0.0.1", 5672))
+    proxy = FaultProxy(5672)
     store = f"sqlite:///{tmp_path / 'tasks.db'}"
     try:
         transport = f"amqp://guest:guest@127.0.0.1:{proxy.port}/?password={SECRET}"
@@ -282,10 +214,11 @@ def test_the_broker_clients_reconnect_warnings_show_no_secret(
         deadline = time.monotonic() + WAIT
         while json.loads(outputs.run("tasks", "show", "t-up", "--json", "--store", store)
                          .stdout)["state"] != "processed":
-            assert worker.poll() is None and time.monotonic() < deadline, (
+            assert worker.alive and time.monotonic() < deadline, (
                 outputs.worker_log(worker))
             time.sleep(0.1)
-        proxy.cut()
+        proxy.set_mode("reset")  # every connection cut; the next ones go through
+        proxy.set_mode("pass")
         text = outputs.wait_for_log(worker, "Reconnect", "reconnect")
         assert "password=***" in text, text  # the warning was logged, masked
         # killed, not stopped: how a worker stops while its broker is away is not the
@@ -331,12 +264,13 @@ async def test_an_applications_own_log_shows_no_secret_of_a_reconnecting_broker(
         caplog: pytest.LogCaptureFixture, rabbitmq_server: str) -> None:
     """Used as a library, with the application's own logging: aio-pika's reconnect
     warnings reach the application's handlers with ?password= masked."""
-    proxy = CuttingProxy(("127.0.0.1", 5672))
+    proxy = FaultProxy(5672)
     transport = open_transport(f"amqp://guest:guest@127.0.0.1:{proxy.port}/?password={SECRET}")
     try:
         with caplog.at_level(logging.INFO):
             await transport.ping()
-            proxy.cut()
+            proxy.set_mode("reset")  # every connection cut; the next ones go through
+            proxy.set_mode("pass")
             async with asyncio.timeout(WAIT):
                 while "econnect" not in caplog.text:
                     await asyncio.sleep(0.02)

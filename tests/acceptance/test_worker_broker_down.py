@@ -11,21 +11,19 @@ stop the worker, handing its tasks back.
 from __future__ import annotations
 
 import contextlib
-import select
 import signal
-import socket
 import sqlite3
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cliharness import Cli
 
-from scenario.servers import PrivateRabbit, PrivateRedis
+from support.cli import Cli
+from support.faultproxy import FaultProxy
+from support.servers import PrivateRabbit, PrivateRedis
 from support.services import require
 
 # the agent's name is the test run's own: its queue on the machine's RabbitMQ too
@@ -97,8 +95,8 @@ def test_a_worker_started_while_its_broker_is_down_waits_then_serves(
                             "--heartbeat", "0.1", "--heartbeat-lease", "0.5")
     worker.wait_for_log("transport is unreachable")  # it knows the broker is down, and waits
     _wait("beats renewed past three leases while the broker is down",
-          lambda: _beating_for(app_cli, "waits") > 1.5, worker.process, worker.log)
-    assert worker.process.poll() is None
+          lambda: _beating_for(app_cli, "waits") > 1.5, worker.popen, worker.log)
+    assert worker.popen.poll() is None
 
     health = app_cli("healthcheck", "--transport", url, "--timeout", "2")
     assert health.status == 1, health
@@ -117,59 +115,14 @@ def test_a_worker_started_while_its_broker_is_down_waits_then_serves(
     assert "Traceback" not in worker.text()
 
 
-class FaultProxy:
-    """A TCP proxy to RabbitMQ that can `silence` the link (no byte carried any more,
-    every socket kept open: a partition, as the client sees it) or `cut` it (every
-    connection reset). Either way, a connection opened afterwards is accepted and
-    never answered, as a partitioned or hung broker would leave it."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.listener.getsockname()[1]
-        self.broken = threading.Event()
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            self.sockets.append(client)
-            if self.broken.is_set():
-                continue  # held open, never answered
-            server = socket.create_connection(self.target)
-            self.sockets.append(server)
-            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            while not self.broken.is_set():
-                ready, _, _ = select.select([a, b], [], [], 0.1)
-                if self.broken.is_set():
-                    return  # what arrives from now on stays unread
-                for side in ready:
-                    data = side.recv(65536)
-                    if not data:
-                        return
-                    (b if side is a else a).sendall(data)
-
-    def silence(self) -> None:
-        self.broken.set()
-
-    def cut(self) -> None:
-        self.broken.set()
-        sockets, self.sockets = self.sockets, []
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def close(self) -> None:
-        self.listener.close()
-        self.cut()
+def break_link(proxy: FaultProxy, fault: str) -> None:
+    """`silence` the link (no byte carried any more, every socket kept open: a
+    partition, as the client sees it) or `cut` it (every connection reset). Either
+    way, a connection opened afterwards is accepted and never answered, as a
+    partitioned or hung broker would leave it."""
+    if fault == "cut":
+        proxy.set_mode("reset")
+    proxy.set_mode("black-hole")
 
 
 @pytest.mark.parametrize("fault", ["silence", "cut"])
@@ -180,32 +133,32 @@ def test_a_worker_whose_broker_is_lost_stops_on_sigterm_and_hands_its_tasks_back
     does not answer; SIGTERM then stops the worker (exit 0) and both tasks are pending
     and unlocked again, ready for another worker. (The client's reconnect loop used
     to swallow the cancellation that ends the process: it never exited.)"""
-    proxy = FaultProxy(("127.0.0.1", 5672))
+    proxy = FaultProxy(5672)
     try:
         # a scheduler alone: nobody answers, so its task is held, waiting for the reply;
         # heartbeats every 2 s, so the client notices a silent link within seconds
         url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/?queue_expires=60&heartbeat=2"
         worker = app_cli.worker("echoapp:app", "--roles", "scheduler", "--transport", url)
         app_cli("submit", "echoapp:app", "echo", "--task-id", "waiting-for-reply")
-        instance = _locked_by(app_cli, "waiting-for-reply", worker.process, worker.log)
+        instance = _locked_by(app_cli, "waiting-for-reply", worker.popen, worker.log)
         # its request went through the proxy (the queue holds it): the link carried
         # everything up to now
         _wait("request in the agent's queue", lambda: _queued(AGENT_QUEUE) >= 1,
-              worker.process, worker.log)
-        getattr(proxy, fault)()
+              worker.popen, worker.log)
+        break_link(proxy, fault)
         _wait("reconnection", lambda: "reconnecting" in worker.text().lower(),
-              worker.process, worker.log)
+              worker.popen, worker.log)
         # claimed while the client reconnects: its request waits to be sent (for up to
         # 15 s, long enough for the signal to find it waiting)
         app_cli("submit", "echoapp:app", "echo", "--task-id", "waiting-to-send")
-        assert _locked_by(app_cli, "waiting-to-send", worker.process,
+        assert _locked_by(app_cli, "waiting-to-send", worker.popen,
                           worker.log) == instance
 
-        worker.process.send_signal(signal.SIGTERM)
+        worker.popen.send_signal(signal.SIGTERM)
         try:
-            status = worker.process.wait(timeout=STOP_HANG_GUARD)
+            status = worker.popen.wait(timeout=STOP_HANG_GUARD)
         except subprocess.TimeoutExpired:
-            worker.process.kill()
+            worker.popen.kill()
             pytest.fail(f"the worker ignored SIGTERM: {worker.text()}")
         assert status == 0, worker.text()
         for task_id in ("waiting-for-reply", "waiting-to-send"):

@@ -1,22 +1,18 @@
 """Chaos scenarios: real worker processes killed with signals.
 
-The harness (apps/chaosharness.py) and the application the workers run
-(apps/chaosapp.py) live beside the tests; the test modules import both.
+The harness (support/chaos.py) and the application the workers run
+(support/apps/chaosapp.py) live in the support package; the test modules import both.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "apps"))
-
-from chaosharness import Cluster
-
 from sasflow.examples.orders.remote import RemoteService
+from support.chaos import Cluster
 
 
 @pytest.fixture

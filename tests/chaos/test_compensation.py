@@ -7,9 +7,10 @@ from __future__ import annotations
 import httpx
 import pytest
 from chaosapp import ORDER
-from chaosharness import HANG_GUARD, Cluster, Worker
 
 from sasflow.examples.orders.remote import RemoteService
+from support.chaos import Cluster, Worker
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

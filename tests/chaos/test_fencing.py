@@ -7,7 +7,9 @@ import signal
 
 import pytest
 from chaosapp import HOLD, STEP_TIMEOUT
-from chaosharness import HANG_GUARD, Cluster
+
+from support.chaos import Cluster
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 
@@ -26,7 +28,7 @@ def test_resumed_scheduler_writes_nothing_after_its_tasks_were_released(
     frozen = cluster.spawn("frozen", roles=("scheduler", "agent"), slow=FROZEN_SLOW)
     cluster.wait_for("the frozen worker to start every task",
                      lambda: len(cluster.in_flight(frozen.pid)) == TASKS, timeout=HANG_GUARD)
-    stopped_at = frozen.stop()
+    stopped_at = frozen.freeze()
 
     # started only now, so nothing could be claimed before the freeze
     cluster.spawn("supervisor", roles=("supervisor",))
@@ -35,7 +37,7 @@ def test_resumed_scheduler_writes_nothing_after_its_tasks_were_released(
                      lambda: cluster.all_in(["processed"], TASKS),
                      timeout=HANG_GUARD)
 
-    resumed_at = frozen.resume()
+    resumed_at = frozen.thaw()
     cluster.wait_for("the frozen worker's agents to finish their work after the resume",
                      lambda: not cluster.in_flight(frozen.pid), timeout=HANG_GUARD)
     frozen.signal(signal.SIGTERM)  # whatever it still holds, it tries to hand back now

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -13,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-APP = Path(__file__).parent / "apps" / "isolatedagent.py"
+from support import APPS
+from support.process import Process
+
+APP = APPS / "isolatedagent.py"
 
 pytestmark = pytest.mark.chaos
 
@@ -40,19 +42,19 @@ def test_a_sigkilled_agent_takes_its_hung_call_with_it(tmp_path: Path) -> None:
     hung call dies too, so the call can never apply its effect after the deadline
     that nobody is left to enforce."""
     noted = tmp_path / "hung.pid"
-    agent = subprocess.Popen([sys.executable, str(APP), str(tmp_path)])
+    agent = Process.spawn("agent", [sys.executable, str(APP), str(tmp_path)],
+                          tmp_path / "agent.log")
     hung = 0
     try:
         wait_until(noted.exists, "the call to start")
         hung = int(noted.read_text())
         assert running(hung)
-        agent.send_signal(signal.SIGKILL)
-        assert agent.wait(timeout=60) == -signal.SIGKILL
+        agent.signal(signal.SIGKILL)
+        assert agent.popen.wait(timeout=60) == -signal.SIGKILL, agent.tail()
         wait_until(lambda: not running(hung), f"worker process {hung} to die")
         assert not (tmp_path / "shipped").exists()
     finally:
         agent.kill()
-        agent.wait(timeout=60)
         if hung and running(hung):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(hung, signal.SIGKILL)

@@ -6,7 +6,9 @@ from collections import Counter
 
 import pytest
 from chaosapp import PIPELINE, STEP_TIMEOUT
-from chaosharness import HANG_GUARD, Cluster, History
+
+from support.chaos import Cluster, History
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

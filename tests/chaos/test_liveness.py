@@ -15,14 +15,11 @@ Every wait is for a positive signal, with a generous hang guard.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
-import socketserver
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,23 +27,24 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from disthelpers import postgres_schema
 from livenessapp import LONG, NAMESPACE_ENV, QUICK, RETRY_BACKOFF, SLOW_ENV, STUCK, build_app
 
 from sasflow import App
 from sasflow.store import open_store
 from sasflow.store.base import HistoryEntry, Instance
-from scenario.servers import PrivatePostgres, free_port
+from support import APPS
+from support.dist import postgres_schema
+from support.faultproxy import FaultProxy
+from support.process import HANG_GUARD, Process, kill_all
+from support.servers import PrivatePostgres, free_port
 
 pytestmark = pytest.mark.chaos
 
 T = TypeVar("T")
 
-TESTS = Path(__file__).parents[1]
-APP = f"{Path(__file__).parent / 'apps' / 'livenessapp.py'}:app"
+APP = f"{APPS / 'livenessapp.py'}:app"
 SASFLOW = Path(sys.executable).parent / "sasflow"
-SKEW_HOOK = TESTS / "support" / "skewed_clock"
-HANG_GUARD = 120.0  # seconds: a guard against hangs only, never a claim about speed
+SKEW_HOOK = APPS / "skewed_clock"
 # short enough for a quick test, long enough that a loaded machine's stalls do not
 # make a live worker look gone
 HEARTBEAT = 0.5
@@ -55,65 +53,29 @@ INTERVAL = 0.25
 SUPERVISOR_LEASE = max(3 * INTERVAL, 1.0)  # Supervisor.lease_ttl
 
 
-class Proc:
-    """A `sasflow worker` process and its log."""
-
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], log: Path) -> None:
-        self.name, self.popen, self.log = name, popen, log
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait(timeout=30)
-
-    def stop(self) -> None:
-        """SIGSTOP, and wait until the kernel shows it stopped."""
-        os.kill(self.popen.pid, signal.SIGSTOP)
-        wait_for("the worker to be stopped", lambda: _proc_state(self.popen.pid) == "T", [])
-
-    def resume(self) -> None:
-        os.kill(self.popen.pid, signal.SIGCONT)
-
-
-def _proc_state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2]
-
-
 class World:
     """The worker processes of one test; all killed at the end, whatever happened."""
 
     def __init__(self, root: Path, store: str) -> None:
         self.root, self.store = root, store
-        self.procs: list[Proc] = []
+        self.procs: list[Process] = []
 
     def spawn(self, name: str, *, env: dict[str, str] | None = None,
-              short_lease: bool = True, transport: str | None = None) -> Proc:
+              short_lease: bool = True, transport: str | None = None) -> Process:
         """A worker with every role; with `short_lease`, beating every HEARTBEAT s
         with a LEASE s lease, else with the defaults."""
-        log = self.root / f"{name}.log"
         lease = ["--heartbeat", str(HEARTBEAT), "--heartbeat-lease", str(LEASE)]
         over = ["--transport", transport] if transport else []
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [str(SASFLOW), "worker", APP, "--instance-id", name, "--store", self.store,
-                 "--supervisor-interval", str(INTERVAL), *(lease if short_lease else []),
-                 *over],
-                env=clean_env(**(env or {})), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT)
-        proc = Proc(name, popen, log)
+        proc = Process.spawn(
+            name, [str(SASFLOW), "worker", APP, "--instance-id", name, "--store", self.store,
+                   "--supervisor-interval", str(INTERVAL), *(lease if short_lease else []),
+                   *over],
+            self.root / f"{name}.log", env=clean_env(**(env or {})))
         self.procs.append(proc)
         return proc
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.popen.poll() is None:
-                os.kill(proc.popen.pid, signal.SIGKILL)  # ends a SIGSTOPped one too
-        for proc in self.procs:
-            proc.popen.wait(timeout=30)
+        kill_all(self.procs)
 
 
 def clean_env(**values: str) -> dict[str, str]:
@@ -122,7 +84,7 @@ def clean_env(**values: str) -> dict[str, str]:
     return env
 
 
-def wait_for(what: str, condition: Callable[[], T], procs: list[Proc],
+def wait_for(what: str, condition: Callable[[], T | None], procs: list[Process],
              timeout: float = HANG_GUARD) -> T:
     deadline = time.monotonic() + timeout
     while True:
@@ -134,6 +96,10 @@ def wait_for(what: str, condition: Callable[[], T], procs: list[Proc],
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}",
                         pytrace=False)
         time.sleep(0.05)
+
+
+def failing(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str] | None:
+    return done if done.returncode == 1 else None
 
 
 def healthcheck(store: str, instance_id: str) -> subprocess.CompletedProcess[str]:
@@ -251,56 +217,22 @@ def test_a_worker_started_while_postgres_is_down_works_once_it_is_back(
         server.close()
 
 
-class LateBroker:
-    """A door to the machine's RabbitMQ on a port of its own, closed until `open()`:
-    until then a connection to it is refused, as to a broker that is down."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self._server: socketserver.ThreadingTCPServer | None = None
-
-    def open(self) -> None:
-        class Forward(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                with socket.create_connection(("127.0.0.1", 5672)) as upstream:
-                    back = threading.Thread(target=_pump, args=(upstream, self.request),
-                                            daemon=True)
-                    back.start()
-                    _pump(self.request, upstream)
-                    back.join()
-
-        socketserver.ThreadingTCPServer.daemon_threads = True
-        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", self.port), Forward)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := source.recv(65536):
-            sink.sendall(data)
-    with contextlib.suppress(OSError):
-        sink.shutdown(socket.SHUT_WR)
-
-
 def test_a_worker_started_while_rabbitmq_is_down_works_once_it_is_back(
         sqlite_world: tuple[World, App], rabbitmq_server: str) -> None:
     """The broker refuses connections at start-up: the worker waits for it (its client
     alone used to give up, and the worker exited), then runs tasks once it answers."""
     world, _ = sqlite_world
     namespace = f"-{uuid.uuid4().hex[:8]}"
-    broker = LateBroker()
+    # a door to the machine's RabbitMQ on a port of its own, closed until it listens:
+    # until then a connection to it is refused, as to a broker that is down
+    broker = FaultProxy(5672, port=free_port(), listening=False)
     try:
         worker = world.spawn("waiting", env={NAMESPACE_ENV: namespace}, short_lease=False,
                              transport=f"amqp://guest:guest@127.0.0.1:{broker.port}/"
                                        "?queue_expires=60")
         wait_for("the worker to find the broker down",
                  lambda: "Connect call failed" in worker.text(), [worker])
-        broker.open()
+        broker.listen()
         app = build_app(world.store, namespace)
         try:
             tasks = [app.submit(QUICK, {"n": n}) for n in range(3)]
@@ -322,13 +254,12 @@ def test_healthcheck_fails_for_a_frozen_worker_and_passes_once_it_is_thawed(
     worker = world.spawn("probed")
     wait_for("the healthcheck to pass", lambda: healthcheck(world.store, "probed").returncode
              == 0, [worker])
-    worker.stop()
+    worker.freeze()
     try:
         failed = wait_for("the healthcheck to fail for the frozen worker",
-                          lambda: (c := healthcheck(world.store, "probed")).returncode == 1
-                          and c, [worker])
+                          lambda: failing(healthcheck(world.store, "probed")), [worker])
     finally:
-        worker.resume()
+        worker.thaw()
     assert failed.stderr.count("\n") == 1 and "no heartbeat for" in failed.stderr, failed.stderr
     assert f"its lease is {LEASE:g}s" in failed.stderr
     wait_for("the healthcheck to pass again", lambda: healthcheck(

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from disthelpers import private_transport
 
 from sasflow import AgentRequest, App, Step
 from sasflow.transport.base import agent_queue, reply_queue
+from support.dist import private_transport
 
 TASKS = 5
 NEWER = {"added_in_a_newer_release": {"trace": [1, 2, 3], "hint": "ignore me"}}

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 from chaosapp import HOLD, INTERVAL, LEASE_TTL
-from chaosharness import Worker
-from disthelpers import DistCluster, postgres_schema
+
+from support.chaos import Worker
+from support.dist import DistCluster, postgres_schema
 
 pytestmark = pytest.mark.chaos
 
@@ -136,7 +137,7 @@ def test_postgres_frozen_leader_resumed_after_losing_the_lease_does_not_sweep(
                   lambda: released(dist, {t: 1 for t in first}), timeout=RECOVERY)
 
     # 1. freeze the leader: the standby takes over once the lease runs out
-    stopped_at = old.stop()
+    stopped_at = old.freeze()
     lease_ran_out = lease_expiry(dist, old)  # the frozen leader renews it no more
     new = dist.wait_for("the standby to take the lease",
                         lambda: taken_from(dist, old), timeout=TAKEOVER)
@@ -161,7 +162,7 @@ def test_postgres_frozen_leader_resumed_after_losing_the_lease_does_not_sweep(
     # run, a whole step timeout ahead of their complete-by
     stall(dist, "stalled-3", 2 * BATCH)
     due = min(r[0] for r in dist.query("SELECT complete_by FROM tasks"))
-    resumed_at = old.resume()
+    resumed_at = old.thaw()
     assert resumed_at < due, "the old leader must wake before the third round expires"
     dist.wait_for("the third round released",
                   lambda: released(dist, {**{t: 3 for t in first}, **{t: 2 for t in second}}),

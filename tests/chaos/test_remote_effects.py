@@ -6,9 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 from chaosapp import ORDER
-from chaosharness import HANG_GUARD, Cluster
 
 from sasflow.examples.orders.remote import RemoteService
+from support.chaos import Cluster
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

@@ -17,16 +17,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from chaosharness import HANG_GUARD, Worker
-from disthelpers import (
-    ORDER,
-    STEP_AGENT,
-    DistCluster,
-    postgres_schema,
-    private_transport,
-)
+from distapp import ORDER, STEP_AGENT
 
 from sasflow.examples.orders.remote import RemoteService
+from support.chaos import Worker
+from support.dist import DistCluster, postgres_schema, private_transport
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

@@ -7,7 +7,9 @@ from collections import Counter
 
 import pytest
 from chaosapp import HOLD
-from chaosharness import HANG_GUARD, Cluster
+
+from support.chaos import Cluster
+from support.process import HANG_GUARD
 
 pytestmark = pytest.mark.chaos
 

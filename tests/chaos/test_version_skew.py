@@ -18,11 +18,11 @@ import chaosapp
 import pytest
 import shipping_r1
 import shipping_r2
-from chaosharness import Cluster
 
 from sasflow import App, Step
 from sasflow.plan import Plan
 from sasflow.workflow import workflow_version
+from support.chaos import Cluster
 
 pytestmark = pytest.mark.chaos
 

@@ -15,7 +15,8 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 
 import aio_pika
 import pytest
@@ -24,6 +25,7 @@ from aio_pika.abc import AbstractRobustConnection
 from sasflow.errors import MissingExtraError, TransportError
 from sasflow.transport import Transport, agent_queue, amqp, open_transport
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE
+from support.faultproxy import FaultProxy, fault_proxy
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 # queues expire once unused; those a test creates are also deleted at its end
@@ -113,71 +115,22 @@ HANG_GUARD = 60.0  # only a hang fails on it: a loaded machine is slow, never th
 MARKER = b"marker"
 
 
+def received(got: list[bytes], count: int) -> bool:
+    return len(got) >= count
+
+
 async def until(predicate: Callable[[], object], seconds: float = HANG_GUARD) -> None:
     async with asyncio.timeout(seconds):
         while not predicate():
             await asyncio.sleep(0.01)
 
 
-class Proxy:
-    """A loopback TCP proxy to the broker that can hold back its answers or cut the line."""
-
-    def __init__(self) -> None:
-        self.answers = asyncio.Event()
-        self.answers.set()
-        self.held = 0  # reads from the broker kept from the client while answers are held
-        self.writers: list[asyncio.StreamWriter] = []
-        self.pumps: set[asyncio.Task[None]] = set()
-        self.port = 0
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 5672)
-        self.writers += [writer, up_writer]
-        for task in (self._pump(reader, up_writer, None),
-                     self._pump(up_reader, writer, self.answers)):
-            pump = asyncio.create_task(task)
-            self.pumps.add(pump)
-            pump.add_done_callback(self.pumps.discard)
-
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    gate: asyncio.Event | None) -> None:
-        with contextlib.suppress(ConnectionError):
-            while data := await reader.read(65536):
-                if gate is not None and not gate.is_set():
-                    self.held += 1
-                    await gate.wait()
-                writer.write(data)
-                await writer.drain()
-        writer.close()
-
-    def cut(self) -> None:
-        """Drop every open connection, as a broker restart does."""
-        for writer in self.writers:
-            writer.transport.abort()
-        self.writers.clear()
-
-    async def stop(self) -> None:
-        self.answers.set()
-        self.cut()
-        assert self._server is not None
-        self._server.close()
-        for pump in list(self.pumps):
-            pump.cancel()
-        await asyncio.gather(*self.pumps, return_exceptions=True)
-        await self._server.wait_closed()
-
-
 @pytest.fixture
-async def proxy() -> AsyncIterator[Proxy]:
-    started = Proxy()
-    await started.start()
-    yield started
-    await started.stop()
+def proxy() -> Iterator[FaultProxy]:
+    """A FaultProxy to the machine's RabbitMQ: it can hold back the broker's answers
+    (`hold-answers`) or cut the line (`reset`)."""
+    with fault_proxy(5672) as started:
+        yield started
 
 
 CONSUMER = """
@@ -254,7 +207,7 @@ async def test_messages_published_together_to_sasflows_queues_travel_as_bundles(
     await first.nack(requeue=True)
     for name in (own_queue, queue):
         async with consuming(transport, name, prefetch=50) as got:
-            await until(lambda got=got: len(got) >= 200)
+            await until(partial(received, got, 200))
             assert sorted(await all_before_marker(transport, name, got)) == sorted(sent), name
 
 
@@ -324,12 +277,12 @@ async def test_a_malformed_bundle_is_dead_lettered_at_once_and_consuming_goes_on
 
 
 async def test_publish_returns_only_once_the_broker_confirmed(
-        transports: Callable[..., Transport], proxy: Proxy, queue: str,
+        transports: Callable[..., Transport], proxy: FaultProxy, queue: str,
         broker: AbstractRobustConnection) -> None:
     """The broker has the message but its confirm is held back: publish keeps waiting."""
     transport = transports(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{OPTIONS}")
     await transport.publish(queue, b"first")  # connected, queue declared
-    proxy.answers.clear()
+    proxy.set_mode("hold-answers")
     sending = asyncio.create_task(transport.publish(queue, b"second"))
     counted = 0
 
@@ -342,7 +295,7 @@ async def test_publish_returns_only_once_the_broker_confirmed(
         await broker_has_both()
     await until(lambda: proxy.held)  # the broker answered (its confirm): held back
     assert not sending.done(), "publish returned before the broker's confirm arrived"
-    proxy.answers.set()
+    proxy.set_mode("pass")
     async with asyncio.timeout(HANG_GUARD):
         await sending
     assert counted == 2
@@ -382,13 +335,14 @@ async def test_a_queue_deleted_under_the_publisher_is_declared_again(
 
 
 async def test_consuming_and_publishing_resume_after_the_connection_is_cut(
-        transports: Callable[..., Transport], proxy: Proxy, queue: str) -> None:
+        transports: Callable[..., Transport], proxy: FaultProxy, queue: str) -> None:
     """A lost broker connection is restored (robust): the consumer and publisher go on."""
     transport = transports(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{OPTIONS}")
     async with consuming(transport, queue, prefetch=4) as got:
         await transport.publish(queue, b"before")
         await until(lambda: got == [b"before"])
-        proxy.cut()
+        proxy.set_mode("reset")  # every connection dropped, as a broker restart does
+        proxy.set_mode("pass")
         await transport.publish(queue, b"after")  # waits for the reconnect, then sends
         await until(lambda: b"after" in got)
         assert transport._consumed[queue] > 0  # type: ignore[attr-defined]  # still consumed

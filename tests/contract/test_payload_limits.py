@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from contract.conftest import TRANSPORTS
 from sasflow import App, PermanentError, Step
 from sasflow.agent import AgentRequest
 from sasflow.model import Task, TaskState
+from support.backends import TRANSPORTS
 
 MiB = 1024 * 1024
 

@@ -10,17 +10,23 @@ private schema of the local server (conftest STORES).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from test_store_contract import (
+
+from sasflow import AgentRequest, App, Step, transition
+from sasflow.errors import StoreError, UnknownTaskError
+from sasflow.model import Task, TaskState
+from sasflow.scheduler import Scheduler
+from sasflow.store.postgres import PostgresStore
+from support.faultproxy import FaultProxy, fault_proxy
+from support.stores import (
     PLANS,
     Clock,
     StoreFactory,
@@ -29,12 +35,6 @@ from test_store_contract import (
     new_task,
     submitted,
 )
-
-from sasflow import AgentRequest, App, Step, transition
-from sasflow.errors import StoreError, UnknownTaskError
-from sasflow.model import Task, TaskState
-from sasflow.scheduler import Scheduler
-from sasflow.store.postgres import PostgresStore
 
 on_postgres = pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
 SERVER = ("127.0.0.1", 5432)
@@ -56,125 +56,12 @@ async def until(predicate: Callable[[], object], seconds: float = HANG_GUARD) ->
             await asyncio.sleep(0.005)
 
 
-class Proxy:
-    """A loopback TCP proxy to PostgreSQL that can lose a statement's answer or refuse.
-
-    `cut_after(marker)`: the next client chunk holding `marker` is passed on to the
-    server, then both sides are closed at once: the server runs what it got, the
-    client never hears the answer. `cut_before(marker)`: that chunk is dropped and
-    both sides closed: the server never gets it. `refusing`: new connections are
-    closed as soon as they are accepted (the server is unreachable).
-    """
-
-    def __init__(self) -> None:
-        self.port = 0
-        self.accepted = 0
-        self.refused = 0  # connections turned away: each one a reconnect the client tried
-        self.refusing = False
-        self.marker: bytes | None = None
-        self.forward_marked = True  # cut after the marked chunk (else before it)
-        self.fired = asyncio.Event()
-        self._links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self._pumps: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    def url(self, conninfo: str) -> str:
-        """The same database, reached through this proxy."""
-        return conninfo.replace(f"@{SERVER[0]}:{SERVER[1]}/", f"@127.0.0.1:{self.port}/")
-
-    def cut_after(self, marker: bytes) -> None:
-        self.fired.clear()
-        self.marker, self.forward_marked = marker, True
-
-    def cut_before(self, marker: bytes) -> None:
-        self.fired.clear()
-        self.marker, self.forward_marked = marker, False
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.refusing:
-            self.refused += 1
-            writer.transport.abort()
-            return
-        self.accepted += 1
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*SERVER)
-        except OSError:
-            writer.transport.abort()
-            return
-        link = (writer, up_writer)
-        self._links.append(link)
-        dead: list[bool] = []
-        for pump in (self._up(reader, up_writer, writer, dead),
-                     self._down(up_reader, writer, dead)):
-            task = asyncio.create_task(pump)
-            self._pumps.add(task)
-            task.add_done_callback(self._pumps.discard)
-
-    async def _up(self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter,
-                  writer: asyncio.StreamWriter, dead: list[bool]) -> None:
-        with contextlib.suppress(ConnectionError):
-            while data := await reader.read(65536):
-                if self.marker is not None and self.marker in data:
-                    self.marker = None
-                    dead.append(True)  # nothing more goes back to the client
-                    if self.forward_marked:
-                        # the server gets it all (a long message may come in several
-                        # chunks), then end of file
-                        while data:
-                            up_writer.write(data)
-                            await up_writer.drain()
-                            try:
-                                async with asyncio.timeout(0.2):
-                                    data = await reader.read(65536)
-                            except TimeoutError:
-                                break
-                    writer.transport.abort()
-                    self.fired.set()
-                    break
-                up_writer.write(data)
-                await up_writer.drain()
-        up_writer.close()
-
-    async def _down(self, up_reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    dead: list[bool]) -> None:
-        with contextlib.suppress(ConnectionError):
-            while data := await up_reader.read(65536):
-                if dead:
-                    break
-                writer.write(data)
-                await writer.drain()
-        if dead:
-            writer.transport.abort()
-        else:
-            writer.close()
-
-    def cut(self) -> None:
-        """Drop every open connection at once, as a server restart does."""
-        for writer, up_writer in self._links:
-            writer.transport.abort()
-            up_writer.transport.abort()
-        self._links.clear()
-
-    async def stop(self) -> None:
-        self.cut()
-        assert self._server is not None
-        self._server.close()
-        for pump in list(self._pumps):
-            pump.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
-        await self._server.wait_closed()
-
-
 @pytest.fixture
-async def proxy(postgres_server: str) -> AsyncIterator[Proxy]:
-    started = Proxy()
-    await started.start()
-    yield started
-    await started.stop()
+def proxy(postgres_server: str) -> Iterator[FaultProxy]:
+    """A FaultProxy to the machine's PostgreSQL: it can lose a statement's answer
+    (`cut_after`), lose the statement (`cut_before`), or refuse (`reset`)."""
+    with fault_proxy(SERVER[1]) as started:
+        yield started
 
 
 def history_rows(entries: list[Any]) -> list[tuple[Any, ...]]:
@@ -191,7 +78,7 @@ BATCH_STATEMENT = b"last_write = v.token"
 
 @on_postgres
 async def test_postgres_apply_whose_answer_is_lost_is_applied_once(
-        make_store: StoreFactory, clock: Clock, proxy: Proxy,
+        make_store: StoreFactory, clock: Clock, proxy: FaultProxy,
         caplog: pytest.LogCaptureFixture) -> None:
     """The write reached the server and committed, its answer never came back: the
     store finds its token in the rows, answers True and does not write again."""
@@ -207,7 +94,7 @@ async def test_postgres_apply_whose_answer_is_lost_is_applied_once(
     store = PostgresStore(proxy.url(direct.conninfo), clock=clock, reconnect_for=10.0)
     try:
         assert await store.get("order-1") is not None  # opened, through the proxy
-        before = proxy.accepted
+        before = proxy.forwarded
         proxy.cut_after(BATCH_STATEMENT)
         with caplog.at_level(logging.WARNING, logger="sasflow.store.postgres"):
             async with asyncio.timeout(15):
@@ -217,7 +104,7 @@ async def test_postgres_apply_whose_answer_is_lost_is_applied_once(
         assert proxy.fired.is_set()
         assert any("answer was lost" in r.getMessage() for r in caplog.records
                    if r.name == "sasflow.store.postgres")
-        assert proxy.accepted > before  # it came back on a new connection to ask
+        assert proxy.forwarded > before  # it came back on a new connection to ask
     finally:
         await store.close()
     stored = await direct.get("order-1")
@@ -231,7 +118,7 @@ async def test_postgres_apply_whose_answer_is_lost_is_applied_once(
 
 @on_postgres
 async def test_postgres_apply_cut_before_the_server_got_it_is_written_again_once(
-        make_store: StoreFactory, clock: Clock, proxy: Proxy,
+        make_store: StoreFactory, clock: Clock, proxy: FaultProxy,
         caplog: pytest.LogCaptureFixture) -> None:
     """The connection dies as the write goes out, before the server got it: its token
     is nowhere, so the batch is written again on a new connection, and only once."""
@@ -246,7 +133,7 @@ async def test_postgres_apply_cut_before_the_server_got_it_is_written_again_once
     store = PostgresStore(proxy.url(direct.conninfo), clock=clock, reconnect_for=10.0)
     try:
         assert await store.get("order-1") is not None
-        before = proxy.accepted
+        before = proxy.forwarded
         proxy.cut_before(BATCH_STATEMENT)
         with caplog.at_level(logging.WARNING, logger="sasflow.store.postgres"):
             async with asyncio.timeout(15):
@@ -254,7 +141,7 @@ async def test_postgres_apply_cut_before_the_server_got_it_is_written_again_once
                 applied = await store.apply(reply)
         assert applied is True
         assert proxy.fired.is_set()
-        assert proxy.accepted > before  # written on a new connection
+        assert proxy.forwarded > before  # written on a new connection
         # nothing had committed: written again, not taken for an answer lost
         assert not any("answer was lost" in r.getMessage() for r in caplog.records)
     finally:
@@ -269,7 +156,7 @@ async def test_postgres_apply_cut_before_the_server_got_it_is_written_again_once
 
 @on_postgres
 async def test_postgres_claim_whose_commit_answer_is_lost_returns_the_claimed_tasks(
-        make_store: StoreFactory, clock: Clock, proxy: Proxy) -> None:
+        make_store: StoreFactory, clock: Clock, proxy: FaultProxy) -> None:
     """A claim that committed though its answer was lost returns its tasks (not [])."""
     direct = postgres(make_store, clock)
     await submitted(direct, "t1", "t2")
@@ -294,20 +181,20 @@ async def test_postgres_claim_whose_commit_answer_is_lost_returns_the_claimed_ta
 
 @on_postgres
 async def test_postgres_write_waits_for_the_server_to_come_back(
-        make_store: StoreFactory, clock: Clock, proxy: Proxy) -> None:
+        make_store: StoreFactory, clock: Clock, proxy: FaultProxy) -> None:
     """Every connection cut and new ones refused: a submit keeps reconnecting, without
     failing, until the server is back, then succeeds."""
     direct = postgres(make_store, clock)
     store = PostgresStore(proxy.url(direct.conninfo), clock=clock)
     try:
         assert await store.get("t1") is None
-        proxy.refusing = True
-        proxy.cut()
+        proxy.set_mode("reset")  # every connection dropped, as a server restart does,
+        # and new ones closed as soon as accepted (the server is unreachable)
         write = asyncio.create_task(store.submit(new_task("t1")))
         # the store was turned away three times: it had its chances to give up
         await until(lambda: proxy.refused >= 3 or write.done())
         assert not write.done(), write  # waiting, not failed
-        proxy.refusing = False
+        proxy.set_mode("pass")
         async with asyncio.timeout(HANG_GUARD):
             assert await write is True
     finally:
@@ -319,15 +206,15 @@ async def test_postgres_write_waits_for_the_server_to_come_back(
 
 @on_postgres
 async def test_postgres_write_gives_up_after_reconnect_for(
-        make_store: StoreFactory, clock: Clock, proxy: Proxy) -> None:
+        make_store: StoreFactory, clock: Clock, proxy: FaultProxy) -> None:
     """With reconnect_for=0.5 and the server gone for good, a StoreError, not before
     0.5 s of reconnecting (it does not wait the default 60 s)."""
     direct = postgres(make_store, clock)
     store = PostgresStore(proxy.url(direct.conninfo), clock=clock, reconnect_for=0.5)
     try:
         assert await store.get("t1") is None
-        proxy.refusing = True
-        proxy.cut()
+        proxy.set_mode("reset")  # every connection dropped, as a server restart does,
+        # and new ones closed as soon as accepted (the server is unreachable)
         started = time.monotonic()
         with pytest.raises(StoreError):
             # a TimeoutError here means it went on past its budget, as without one
@@ -335,7 +222,7 @@ async def test_postgres_write_gives_up_after_reconnect_for(
                 await store.submit(new_task("t1"))
         took = time.monotonic() - started
     finally:
-        proxy.refusing = False
+        proxy.set_mode("pass")
         await store.close()
     assert took >= 0.4
     assert proxy.refused >= 1, "it gave up without trying to reconnect"

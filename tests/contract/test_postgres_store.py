@@ -12,11 +12,12 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from test_store_contract import PLANS, Clock, StoreFactory, new_task, submitted
 
 from sasflow import AgentRequest, App, Step
 from sasflow.errors import MissingExtraError, StoreError
@@ -24,6 +25,8 @@ from sasflow.model import UNFINISHED_TASK_STATES, Task, TaskState, claimable
 from sasflow.store import open_store, sql
 from sasflow.store.postgres import PostgresStore
 from sasflow.store.postgres import _scripts as pg_migrations
+from support.process import Process
+from support.stores import PLANS, Clock, StoreFactory, new_task, submitted
 
 on_postgres = pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
 
@@ -309,7 +312,8 @@ async def test_an_app_runs_orders_to_the_end_on_postgres(make_store: StoreFactor
 
 
 @on_postgres
-async def test_the_order_example_runs_on_postgres(make_store: StoreFactory) -> None:
+async def test_the_order_example_runs_on_postgres(make_store: StoreFactory,
+                                                  tmp_path: Path) -> None:
     """The example app served by a `sasflow worker` on PostgreSQL: each order row
     commits with its task (E1), the payments agent reads the order from the same
     database (E4), a declined card is compensated, the others are processed."""
@@ -322,9 +326,10 @@ async def test_the_order_example_runs_on_postgres(make_store: StoreFactory) -> N
 
     def run() -> list[Task]:
         with RemoteService() as service:  # no faults: the outcome is exact
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "sasflow.cli", "worker",
-                 "sasflow.examples.orders.app:app", "--log-level", "warning"],
+            worker = Process.spawn(
+                "worker", [sys.executable, "-m", "sasflow.cli", "worker",
+                           "sasflow.examples.orders.app:app", "--log-level", "warning"],
+                tmp_path / "worker.log",
                 env={**os.environ, "SASFLOW_STORE": url, "SASFLOW_TRANSPORT": "memory",
                      "SASFLOW_DEMO_REMOTE": service.url})
             app = build_app(url)
@@ -333,8 +338,8 @@ async def test_the_order_example_runs_on_postgres(make_store: StoreFactory) -> N
                 return [app.wait(order.order_ref, timeout=60) for order in orders]
             finally:
                 app.close()
-                worker.terminate()
-                worker.wait(timeout=30)
+                if worker.stop(timeout=30) is None:
+                    pytest.fail(f"the worker did not stop on SIGTERM:\n{worker.tail()}")
 
     done = await asyncio.to_thread(run)
     assert [t.state for t in done] == [TaskState.PROCESSED] * 2 + [TaskState.COMPENSATED] + [
@@ -377,10 +382,11 @@ async def test_postgres_reads_the_claimable_and_unfinished_predicates_as_the_mod
     model.claimable and model.UNFINISHED_TASK_STATES on every state, held or not."""
     store = postgres(make_store)
     rows = [(state.value, holder) for state in TaskState for holder in (None, "s1")]
+    checks: list[tuple[str, Callable[[str, str | None], bool]]] = [
+        (sql.CLAIMABLE_SQL, lambda s, h: claimable(TaskState(s), h)),
+        (sql.UNFINISHED_SQL, lambda s, h: TaskState(s) in UNFINISHED_TASK_STATES)]
     with psycopg.connect(store.conninfo) as conn:
-        for predicate, python in (
-                (sql.CLAIMABLE_SQL, lambda s, h: claimable(TaskState(s), h)),
-                (sql.UNFINISHED_SQL, lambda s, h: TaskState(s) in UNFINISHED_TASK_STATES)):
+        for predicate, python in checks:
             for state, holder in rows:
                 found = conn.execute(
                     f"SELECT count(*) FROM (SELECT %s::text AS state, %s::text AS locked_by)"

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import importlib.util
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -27,10 +26,12 @@ from sasflow import App, TaskState
 from sasflow.errors import MissingExtraError, TransportError
 from sasflow.transport import open_transport
 from sasflow.transport.redis import GROUP, MAX_CONNECTIONS, RedisTransport
-from scenario.servers import PrivateRedis
+from support import APPS
+from support.process import Process
+from support.servers import PrivateRedis
 
 SERVER = "redis://127.0.0.1:6379/15"
-SHOP_FILE = Path(__file__).parent.parent / "acceptance" / "apps" / "shopapp.py"
+SHOP_FILE = APPS / "shopapp.py"
 SHOP = f"{SHOP_FILE}:app"
 OUTAGE = 3.0  # seconds Redis stays down in the restart test, once its loss was noticed
 VISIBILITY = 0.3  # seconds: short, so a dead consumer's message comes back quickly
@@ -400,11 +401,10 @@ def test_a_redis_restart_under_a_running_worker_logs_a_few_lines_and_work_flows_
     store = f"sqlite:///{tmp_path / 'shop.db'}"
     log = tmp_path / "worker.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SASFLOW_")}
-    with log.open("w") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "sasflow.cli", "worker", SHOP, "--store", store,
-             "--transport", private_redis.url, "--instance-id", "restarted"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+    worker = Process.spawn(
+        "restarted", [sys.executable, "-m", "sasflow.cli", "worker", SHOP, "--store", store,
+                      "--transport", private_redis.url, "--instance-id", "restarted"],
+        log, env=env)
     shop = load_shop(store)
     try:
         wait_for(lambda: "starting" in log.read_text(), "the worker to start")
@@ -431,8 +431,8 @@ def test_a_redis_restart_under_a_running_worker_logs_a_few_lines_and_work_flows_
         assert sum("reachable again" in line for line in outage_lines) == 1, outage_lines
     finally:
         shop.close()
-        worker.terminate()
-        worker.wait(timeout=30)
+        if worker.stop(timeout=30) is None:
+            pytest.fail(f"the worker did not stop on SIGTERM:\n{worker.tail()}")
 
 
 def load_shop(store: str) -> App:

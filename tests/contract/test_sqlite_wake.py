@@ -63,7 +63,7 @@ def test_another_process_hears_of_work_submitted_and_of_the_task_ending(
     finally:
         app.stop()
     assert listener.stdout is not None
-    heard = []
+    heard: list[str] = []
     while not heard or heard[-1] != "finished heard":  # the listener's own pace: a hang guard
         heard.append(listener.stdout.readline().strip())
     work = [line for line in heard if line.startswith("work ")]
@@ -77,7 +77,11 @@ def test_a_channel_never_tells_itself_and_drops_a_dead_processes_socket(tmp_path
     heard_first: list[str] = []
     first_heard, heard_second = threading.Event(), threading.Event()
     try:
-        first.on_finished(lambda task_id: (heard_first.append(task_id), first_heard.set()))
+        def first_hears(task_id: str) -> None:
+            heard_first.append(task_id)
+            first_heard.set()
+
+        first.on_finished(first_hears)
         second.on_finished(lambda task_id: heard_second.set())
         # a process that died without unbinding: its socket file is left behind
         dead = os.path.join(first.directory, "1-deadbeef")

@@ -11,9 +11,8 @@ read must still not apply, or the completed step is released and run a second ti
 
 from __future__ import annotations
 
-from test_store_contract import PLANS, Clock, StoreFactory, claim_one, fresh, submitted
-
 from sasflow.model import TaskState
+from support.stores import PLANS, Clock, StoreFactory, claim_one, fresh, submitted
 
 
 async def test_expiry_read_before_the_next_step_started_does_not_apply(

@@ -7,90 +7,36 @@ moved by the test, so expiry and leases are exact and nothing sleeps.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any
 
-import msgspec
 import pytest
 
 from sasflow.errors import StoreError, TaskConflictError
 from sasflow.messages import decode_status
-from sasflow.model import Phase, StepState, Task, TaskState, idempotency_key
+from sasflow.model import Phase, StepState, TaskState, idempotency_key
 from sasflow.plan import Plan
 from sasflow.store import Store
 from sasflow.store.base import Alert, Instance, NewTask
-from sasflow.transition import LeaseFence, Transition, applied
+from sasflow.transition import LeaseFence, Transition
 from sasflow.transport import DeadLetter
 from sasflow.workflow import Step, Workflow
+from support.stores import (
+    AGENTS,
+    COMPENSABLE,
+    ORDER,
+    PLANS,
+    SLOW,
+    Clock,
+    StoreFactory,
+    applies,
+    assert_stored_as_planned,
+    claim_one,
+    fresh,
+    new_task,
+    submitted,
+)
 
 T, S = TaskState, StepState
-
-
-class Clock(Protocol):
-    now: float
-
-    def __call__(self) -> float: ...
-
-    def advance(self, seconds: float) -> None: ...
-
-
-class StoreFactory(Protocol):
-    def __call__(self, clock: Clock | None = None) -> Store: ...
-
-
-AGENTS = ("inventory", "payments", "shipping")
-ORDER = Workflow.declare("order", [Step("reserve", "inventory", 5.0),
-                                   Step("charge", "payments", 10.0),
-                                   Step("ship", "shipping", 7.0)],
-                         agents=AGENTS, max_failures=2, retry_backoff=0.5)
-ALERTING = Workflow.declare("alerting", [Step("reserve", "inventory", 5.0),
-                                         Step("charge", "payments", 10.0)],
-                            agents=AGENTS, on_failure="error")
-SLOW = Workflow.declare("slow", [Step("wait", "inventory", 50.0)], agents=AGENTS)
-COMPENSABLE = frozenset({"inventory", "shipping"})
-PLANS = {wf.name: Plan(wf, COMPENSABLE) for wf in (ORDER, ALERTING, SLOW)}
-
-
-def new_task(task_id: str, workflow: str = "order", input: Any = None,
-             reply_to: str | None = None) -> NewTask:
-    steps = PLANS[workflow].workflow.steps
-    return NewTask(task_id=task_id, workflow=workflow,
-                   input_json=msgspec.json.encode({"order": task_id} if input is None
-                                                  else input),
-                   reply_to=reply_to,
-                   steps=[(s.name, s.agent, idempotency_key(task_id, s.name)) for s in steps])
-
-
-async def submitted(store: Store, *ids: str, workflow: str = "order",
-                    reply_to: str | None = None) -> None:
-    for task_id in ids:
-        assert await store.submit(new_task(task_id, workflow, reply_to=reply_to))
-
-
-async def claim_one(store: Store, owner: str, plans: dict[str, Plan] = PLANS) -> Task:
-    [task] = await store.claim(owner, 1, plans)
-    return task
-
-
-async def fresh(store: Store, task_id: str) -> Task:
-    task = await store.get(task_id)
-    assert task is not None
-    return task
-
-
-async def applies(store: Store, task: Task, transition: Transition) -> Task:
-    """Apply `transition`, planned from `task`: it must apply. The task as planned
-    (transition.applied: what every store must now hold, see below)."""
-    assert await store.apply(transition)
-    return applied(task, transition)
-
-
-def assert_stored_as_planned(stored: Task, planned: Task) -> None:
-    """The store holds exactly what the planner decided the task became."""
-    fields = ("task_id", "workflow", "input", "state", "phase", "cursor", "locked_by",
-              "complete_by", "available_at", "failure_count", "epoch", "reply_to", "error",
-              "version")
-    assert {f: getattr(stored, f) for f in fields} == {f: getattr(planned, f) for f in fields}
-    assert stored.steps == planned.steps
 
 
 # ---------------------------------------------------------------- submit (E2)
@@ -996,8 +942,9 @@ async def test_an_incident_is_one_alert_until_resolved(store: Store, clock: Cloc
     assert census.versions == {("order", ORDER.version): 2, ("slow", SLOW.version): 1}
     assert census.agents == {("order", ORDER.version, "inventory"): 2,
                              ("slow", SLOW.version, "inventory"): 1}
+    key = f"workflow:order@{ORDER.version}"
     incident = Alert(id=0, task_id=None, at=0.0, message="2 tasks of order", agent=None,
-                     incident=f"workflow:order@{ORDER.version}", count=2)
+                     incident=key, count=2)
     await store.report_incidents([incident], [])
     [open_one] = await store.incidents()
     assert (open_one.task_id, open_one.incident, open_one.count, open_one.at,
@@ -1009,7 +956,7 @@ async def test_an_incident_is_one_alert_until_resolved(store: Store, clock: Cloc
     [current] = await store.incidents()
     assert (current.count, current.id > open_one.id) == (4, True)
     clock.advance(1)
-    await store.report_incidents([], [incident.incident])
+    await store.report_incidents([], [key])
     assert await store.incidents() == []
     listed = await store.alerts()
     assert [(a.count, a.resolved_at) for a in listed] == [(2, clock.now - 1), (4, clock.now)]

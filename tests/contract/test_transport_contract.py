@@ -27,7 +27,7 @@ QueueName = Callable[[str], str]
 
 
 class TransportFactory(Protocol):
-    def __call__(self, max_message_bytes: int = ...) -> Transport: ...
+    def __call__(self, max_message_bytes: int = ..., **url_options: str) -> Transport: ...
 
 
 class Consumers:

@@ -17,12 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Broker, Postgres
-from matrix import BACKENDS, Backend
 from scenarioapp import STEP_TIMEOUT
-from servers import PrivatePostgres, PrivateRabbit, PrivateRedis
 
 from sasflow.examples.orders.remote import Faults, RemoteService
+from support.matrix import BACKENDS, Backend
+from support.scenario import Broker, Postgres
+from support.servers import PrivatePostgres, PrivateRabbit, PrivateRedis
 
 # The remote fails often, and in every way a caller cannot tell from a success:
 # lost and late replies (the latter after the step's complete-by) leave an effect

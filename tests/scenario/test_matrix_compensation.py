@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
-from matrix import RECOVERY, Backend, Run, backends, open_run, wait_started
 from scenarioapp import MAX_FAILURES, STALL_ENV, STEP_TIMEOUT
 
 from sasflow.examples.orders.remote import Faults, RemoteService
+from support.matrix import RECOVERY, Backend, Run, backends, open_run, wait_started
 
 pytestmark = pytest.mark.chaos
 

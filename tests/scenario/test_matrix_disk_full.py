@@ -15,15 +15,16 @@ import contextlib
 import os
 import subprocess
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness import Cluster, Worker
-from matrix import LONG, RECOVERY, open_run, wait_started
-from servers import PrivatePostgres
 
 from sasflow.examples.orders.remote import RemoteService
+from support.matrix import LONG, RECOVERY, open_run, wait_started
+from support.scenario import Cluster, Worker
+from support.servers import PrivatePostgres
 from support.services import require_root
 
 pytestmark = pytest.mark.chaos
@@ -67,7 +68,7 @@ def says_disk_full(worker: Worker) -> bool:
 def fill_while_running(cluster: Cluster, worker: Worker, disk: Path, done: int) -> Path:
     """Once `done` orders are terminal, fill the disk; returns when the worker said so."""
     cluster.wait_for(f"{done} orders terminal",
-                     lambda: sum((cluster.states() or {}).get(s, 0)
+                     lambda: sum((cluster.states() or Counter())[s]
                                  for s in ("processed", "compensated")) >= done, timeout=RECOVERY)
     filler = fill(disk)
     cluster.wait_for("the worker to say the disk is full", lambda: says_disk_full(worker),
@@ -87,7 +88,7 @@ def test_sqlite_disk_full_reports_and_resumes_once_freed(tmp_path: Path,
         wait_started(run.cluster, [worker])
         run.submit(ORDERS)
         filler = fill_while_running(run.cluster, worker, disk, 5)
-        open_orders = run.submitted - sum((run.cluster.states() or {}).get(s, 0)
+        open_orders = run.submitted - sum((run.cluster.states() or Counter())[s]
                                           for s in ("processed", "compensated", "error"))
         filler.unlink()
         print(f"\ndisk full with {open_orders} orders open; the worker logged:"

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from matrix import RECOVERY, Backend, Run, open_run, wait_started
 from scenarioapp import STALL_ENV
 
 from sasflow.errors import InvalidTransitionError
 from sasflow.examples.orders.remote import Faults, RemoteService
+from sasflow.model import Task
+from support.matrix import RECOVERY, Backend, Run, open_run, wait_started
 
 pytestmark = pytest.mark.chaos
 
@@ -70,7 +71,8 @@ def test_operator_actions_racing_the_supervisor_recovery_one_wins(run: Run) -> N
         while time.time() < due[task]:
             time.sleep(0.0005)
         try:
-            return getattr(run.submitter, action[task])(task).state.value
+            act: Callable[[str], Task] = getattr(run.submitter, action[task])
+            return act(task).state.value
         except InvalidTransitionError as error:
             return f"refused: {error}"
 

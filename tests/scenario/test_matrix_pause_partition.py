@@ -17,10 +17,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
-from harness import Cluster, Worker
-from matrix import (
+
+from sasflow.examples.orders.remote import RemoteService
+from support.faultproxy import FaultProxy
+from support.matrix import (
     POSTGRES_BACKENDS,
     RECOVERY,
     Backend,
@@ -29,9 +32,7 @@ from matrix import (
     open_run,
     wait_started,
 )
-
-from sasflow.examples.orders.remote import RemoteService
-from support.faultproxy import FaultProxy
+from support.scenario import Cluster, Worker
 
 pytestmark = pytest.mark.chaos
 
@@ -111,7 +112,14 @@ def test_worker_cut_off_from_the_broker_heals_without_stale_writes(
     partition(run, broker.server.port, lambda proxy: {"transport": proxy.url(broker.transport_url)})
 
 
-def partition(run: Run, port: int, routed: Callable[[FaultProxy], dict[str, str]]) -> None:
+class Route(TypedDict, total=False):
+    """Where the victim reaches its store or its broker: through the proxy."""
+
+    store: str
+    transport: str
+
+
+def partition(run: Run, port: int, routed: Callable[[FaultProxy], Route]) -> None:
     """Route the victim through a FaultProxy to `port`; black-hole it while it holds tasks
     until they were recovered, heal, finish, and check every invariant."""
     cluster = run.cluster

@@ -11,13 +11,14 @@ worker and the supervisor leader are SIGKILLed; every invariant holds after.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
-from harness import Postgres, Worker
-from matrix import RECOVERY, Run, open_run, wait_started
 
 from sasflow.examples.orders.remote import RemoteService
+from support.matrix import RECOVERY, Run, open_run, wait_started
+from support.scenario import Postgres, Worker
 
 pytestmark = pytest.mark.chaos
 
@@ -54,7 +55,7 @@ def test_postgres_crash_mid_run_with_the_in_process_transport(run: Run,
     # down is the start-up row of docs/reliability.md)
     for worker in workers:
         run.cluster.wait_for(f"{worker.name} connected to the store",
-                             lambda w=worker: w.connected_to(postgres.server.port), timeout=60)
+                             partial(worker.connected_to, postgres.server.port), timeout=60)
     downtime = postgres.server.restart(crash=True)
     print(f"\nPostgreSQL down {downtime:.1f}s with {sum(run.cluster.locked_by().values())}"
           " orders held")

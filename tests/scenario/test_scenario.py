@@ -41,13 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from harness import Broker, Cluster, Postgres
-from invariants import TERMINAL, Outcome, check, post_mortem
 from scenarioapp import WORKFLOW, build_app, order_input
 
 from sasflow import App
 from sasflow.errors import StoreError
 from sasflow.examples.orders.remote import RemoteService
+from support.invariants import TERMINAL, Outcome, check, post_mortem
+from support.scenario import Broker, Cluster, Postgres
 
 pytestmark = pytest.mark.chaos
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from invariants import check_expected, check_order
 from scenarioapp import order_input
+
+from support.invariants import check_expected, check_order
 
 Units = dict[tuple[str, str, str], tuple[str, bool, Any, str]]
 Committed = dict[tuple[str, str, str], list[tuple[str, int]]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 
@@ -121,9 +122,13 @@ async def test_a_failed_send_fails_every_publish_in_that_bundle() -> None:
 async def test_a_cancelled_publish_still_waiting_is_not_sent() -> None:
     broker, bundler = held_broker()
     first = []
+
+    def sent(count: int) -> bool:
+        return len(broker.sent) == count
+
     for n in (1, 2):  # two bundles being sent: later publishes wait
         first.append(asyncio.create_task(bundler.publish("q", b"first")))
-        await until(lambda n=n: len(broker.sent) == n)
+        await until(partial(sent, n))
     cancelled = asyncio.create_task(bundler.publish("q", b"cancelled"))
     kept = asyncio.create_task(bundler.publish("q", b"kept"))
     await until(lambda: waiting(bundler, "q") == 2)
@@ -136,9 +141,13 @@ async def test_a_cancelled_publish_still_waiting_is_not_sent() -> None:
 async def test_close_fails_the_publishes_being_sent_and_those_waiting() -> None:
     broker, bundler = held_broker()
     publishing = []
+
+    def sent_last(body: bytes) -> bool:
+        return bool(broker.sent) and broker.sent[-1] == ("q", [body])
+
     for body in (b"a", b"b"):  # two bundles being sent ...
         publishing.append(asyncio.create_task(bundler.publish("q", body)))
-        await until(lambda body=body: broker.sent and broker.sent[-1] == ("q", [body]))
+        await until(partial(sent_last, body))
     publishing.append(asyncio.create_task(bundler.publish("q", b"waits")))
     await until(lambda: waiting(bundler, "q") == 1)  # ... the third waits
     assert [bodies for _, bodies in broker.sent] == [[b"a"], [b"b"]]

@@ -95,7 +95,7 @@ def test_listen_blocks_and_alisten_awaits_the_same_statuses(app: App) -> None:
 
     async def follow() -> list[str]:
         await app.asubmit("echo", 2, task_id="t-async", reply_to="q-async")
-        events = []
+        events: list[str] = []
         async with asyncio.timeout(HANG_GUARD), contextlib.aclosing(
                 app.alisten("q-async")) as stream:
             async for status in stream:
@@ -116,7 +116,7 @@ def test_listen_used_the_old_async_way_still_works_with_a_deprecation_warning(
 
     async def follow() -> list[str]:
         await app.asubmit("echo", 3, task_id="t-old", reply_to="q-old")
-        events = []
+        events: list[str] = []
         listening = app.listen("q-old")
         async with asyncio.timeout(HANG_GUARD), contextlib.aclosing(listening):
             with pytest.warns(DeprecationWarning, match="alisten"):
@@ -190,6 +190,7 @@ def test_close_closes_the_transport_the_blocking_methods_opened(app: App) -> Non
     with contextlib.closing(asyncio.new_event_loop()) as loop:
         loop.run_until_complete(use_in_my_loop())
         mine = app._backends._transport
+        assert mine is not None  # opened in this loop
         app.close()
         assert app._backends._transport is mine
         loop.run_until_complete(mine.close())

@@ -27,6 +27,7 @@ from sasflow.isolation import FunctionRef, ProcessPool
 from sasflow.messages import Request, decode_reply
 from sasflow.model import Phase, TaskState, idempotency_key
 from sasflow.resilience import RetryPolicy
+from sasflow.transport import DeadLetter
 
 # ------------------------------------------------------------ agents run in worker processes
 
@@ -214,6 +215,15 @@ class _Recording:
         await asyncio.Future()
 
     async def ping(self) -> None: ...
+
+    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        return []
+
+    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
+        return None
+
+    async def purge_dead_letters(self) -> int:
+        return 0
 
     async def close(self) -> None: ...
 

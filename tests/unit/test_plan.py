@@ -700,9 +700,11 @@ def test_a_step_list_shrunk_under_a_task_in_flight_is_refused_not_indexed() -> N
     assert "migrate" in message and caught.value.task_id == "order-42"
     running = new_task(old, "order-43")
     run_until(old, running, 1)
-    for action in (lambda t: shrunk.reply(t, "s1", True, {}, None, NOW),
-                   lambda t: shrunk.release(t, "s1", NOW),
-                   lambda t: shrunk.compensate(t, NOW)):
+    actions: list[Callable[[Task], object]] = [
+        lambda t: shrunk.reply(t, "s1", True, {}, None, NOW),
+        lambda t: shrunk.release(t, "s1", NOW),
+        lambda t: shrunk.compensate(t, NOW)]
+    for action in actions:
         with pytest.raises(InvalidTransitionError, match=shrunk.workflow.version):
             action(running)
     assert task.to_json() == before  # nothing of the snapshot moved

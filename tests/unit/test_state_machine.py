@@ -253,9 +253,14 @@ class TaskLifecycle(RuleBasedStateMachine):
             state_before = self.record.task.state
             result = {"by": driver.owner, "at": self.now} if ok else None
             error = None if ok else f"{outcome} failure"
-            t = decided(driver.view, lambda v, ok=ok, result=result, error=error, permanent=(
-                outcome == "permanent"): self.plan.reply(v, driver.owner, ok, result, error,
-                                                         self.now, permanent=permanent))
+            permanent = outcome == "permanent"
+
+            def reply(v: Task, ok: bool = ok, result: object = result,
+                      error: str | None = error, permanent: bool = permanent) -> Transition:
+                return self.plan.reply(v, driver.owner, ok, result, error, self.now,
+                                       permanent=permanent)
+
+            t = decided(driver.view, reply)
             assert self.commit_held(driver, t), "the holder's reply must land"
             if outcome == "gave up":
                 self.assert_one_more_failure(failures, state_before)
@@ -327,7 +332,7 @@ class TaskLifecycle(RuleBasedStateMachine):
         assert not self.commit(t2)
         self.assert_one_more_failure(failures, state_before)
 
-    def assert_one_more_failure(self, failures: int, state_before: T) -> None:
+    def assert_one_more_failure(self, failures: int, state_before: TaskState) -> None:
         """A failed attempt counts once (S8); the one that turns the task to compensation
         leaves the undo a budget of its own (S9), starting from none spent."""
         task = self.record.task

@@ -29,7 +29,8 @@ def test_status_event_is_a_str_enum_on_the_wire() -> None:
     assert msgspec.json.decode(body)["event"] == "processed"
     status = decode_status(body)
     assert status.event is StatusEvent.PROCESSED
-    assert status.event == "processed"
+    plain: str = "processed"
+    assert status.event == plain
     assert {e.value for e in StatusEvent} == {
         "received", "step_completed", "processed", "error", "compensating", "compensated",
         "cancelled"}

@@ -1,30 +1,18 @@
 """Distributed chaos scenarios: `sasflow worker` processes over PostgreSQL and a broker.
 
-Two halves in one module, because the worker processes load it too:
-
-* the application: ``sasflow worker tests/chaos/apps/disthelpers.py:app`` serves
-  the slow and the remote agents of apps/chaosapp.py (traced to the same effects file,
-  see there), under names suffixed with a per-test namespace (``DIST_NAMESPACE``):
-  agent queues on a shared broker are named after agents, so two runs on one
-  RabbitMQ never consume each other's requests;
-* the harness: a private PostgreSQL schema, a private Redis key prefix or private
-  RabbitMQ queue names per test, and a `DistCluster` that spawns the CLI worker
-  with ``--store``/``--transport``/``--roles``/``--agents`` and reads the store
-  with psycopg. It reuses chaosharness.Cluster's observations (history, leases,
-  effects, bounded waits with diagnostics) over PostgreSQL.
+A private PostgreSQL schema, a private Redis key prefix or private RabbitMQ queue
+names per test, and a `DistCluster` that spawns ``sasflow worker
+apps/distapp.py:app`` with ``--store``/``--transport``/``--roles``/``--agents`` and
+reads the store with psycopg. It shares support.chaos.World's observations
+(history, leases, effects, bounded waits with diagnostics) over PostgreSQL.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import faulthandler
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -32,96 +20,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import chaosapp
 import psycopg
-from chaosapp import (
-    EFFECTS_ENV,
-    HANG_ENV,
-    HOLD,
-    INTERVAL,
-    MAX_FAILURES,
-    PARENT_ENV,
-    REMOTE_ENV,
-    RETRY_BACKOFF,
-    SLOW_ENV,
-    STEP_TIMEOUT,
-)
-from chaosharness import ALL_ROLES, Cluster, Worker
+from chaosapp import EFFECTS_ENV, HANG_ENV, INTERVAL, PARENT_ENV, REMOTE_ENV, SLOW_ENV
+from distapp import NAMESPACE_ENV, agent_name, build_app
 
-from sasflow import AgentRequest, App, PermanentError, Step
 from sasflow.supervisor import LEASE_NAME
+from support import APPS
+from support.chaos import ALL_ROLES, Worker, World
+from support.services import POSTGRES, RABBITMQ, REDIS, require
 
-APPS = Path(__file__).parent
-NAMESPACE_ENV = "DIST_NAMESPACE"
-
-ORDER = "order"
-ORDER_STEP_TIMEOUT = 3.0  # room for seven processes on two cores; a kill still expires fast
-ORDER_MAX_FAILURES = 20  # a slow machine may expire a step a few times: never compensate here
-STEP_AGENT = {"reserve": "inventory", "charge": "payments", "ship": "shipping", "hold": "slow"}
-
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
-REDIS = "redis://127.0.0.1:6379/15"
-RABBITMQ = "amqp://guest:guest@127.0.0.1:5672/"
 SCHEMA_PREFIX = "chaosdist_"
-
-
-# ------------------------------------------------------------------ the application
-def agent_name(base: str, namespace: str) -> str:
-    return f"{base}-{namespace}"
-
-
-def build_app(namespace: str, store: str | None = None) -> App:
-    """The agents of apps/chaosapp.py, named within `namespace`, and two workflows:
-    HOLD (one slow step) and ORDER (reserve, charge, ship against the RemoteService)."""
-    app = App(store=store)
-
-    @app.agent(agent_name("slow", namespace))
-    def slow(req: AgentRequest) -> dict[str, Any]:
-        chaosapp.record("start", req)
-        time.sleep(float(os.environ.get(SLOW_ENV, "0.5")))
-        chaosapp.record("end", req)
-        return {"pid": os.getpid()}
-
-    def remote_agent(base: str, operation: str) -> None:
-        def do(req: AgentRequest) -> dict[str, Any]:
-            chaosapp.record("start", req)
-            if req.input.get(f"refuse_{req.step}"):
-                raise PermanentError(f"{req.step} refused for order {req.input['order_id']}")
-            reply = chaosapp.call_remote(operation, req)
-            chaosapp.stall_if_told(req)
-            chaosapp.record("end", req)
-            return {"pid": os.getpid(), "effect_id": reply["effect_id"]}
-
-        app.agent(agent_name(base, namespace), attempts=5, initial_wait=0.02, max_wait=0.2)(do)
-
-    remote_agent("inventory", "reserve")
-    remote_agent("payments", "charge")
-    remote_agent("shipping", "ship")
-
-    app.workflow(HOLD, [Step("hold", agent_name("slow", namespace), STEP_TIMEOUT)],
-                 max_failures=MAX_FAILURES, retry_backoff=RETRY_BACKOFF)
-    app.workflow(ORDER, [Step(step, agent_name(STEP_AGENT[step], namespace), ORDER_STEP_TIMEOUT)
-                         for step in ("reserve", "charge", "ship")],
-                 max_failures=ORDER_MAX_FAILURES, retry_backoff=RETRY_BACKOFF)
-    return app
-
-
-def _in_worker() -> None:
-    """In a worker process: die with the test run, dump stacks on SIGUSR1."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent or int(parent) == os.getpid():
-        return
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != int(parent):  # the parent died before prctl took effect
-        sys.exit(1)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    signal.signal(signal.SIGUSR2, chaosapp._dump_tasks)  # what Cluster.diagnostics asks for
-
-
-_in_worker()
-app = build_app(os.environ.get(NAMESPACE_ENV, "local"))
 
 
 # ------------------------------------------------------------------ private backends
@@ -132,8 +40,6 @@ def postgres_schema() -> Iterator[str]:
     Dropped afterwards; the name carries this process's id, so schemas left by a
     killed run are dropped by the next one (as tests/contract/conftest.py does).
     """
-    from support.services import require  # the test process only, not its workers
-
     require("postgres")
     name = f"{SCHEMA_PREFIX}{os.getpid()}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(POSTGRES, autocommit=True) as conn:
@@ -159,8 +65,6 @@ def private_transport(kind: str, namespace: str) -> Iterator[str]:
     RabbitMQ: queue names are private already (agents and instance ids carry the
     namespace); the broker deletes the queues once unused for 20 s.
     """
-    from support.services import require  # the test process only, not its workers
-
     if kind in ("redis", "rabbitmq"):
         require(kind)
     if kind == "redis":
@@ -191,20 +95,14 @@ class LogEvent:
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ [\w.]+: (.*)$")
 
 
-class DistCluster(Cluster):
+class DistCluster(World):
     """A Cluster of `sasflow worker` processes on a PostgreSQL store (and a broker)."""
 
     def __init__(self, root: Path, store_url: str, *, transport_url: str | None = None,
                  namespace: str | None = None) -> None:
-        self.root = root
-        self.store_url = store_url
         self.transport_url = transport_url
         self.namespace = namespace or uuid.uuid4().hex[:10]
-        self.effects_path = root / "effects.log"
-        self.effects_path.touch()
-        self.remote_url: str | None = None
-        self.workers: list[Worker] = []
-        self.app = build_app(self.namespace, store_url)
+        super().__init__(root, store_url, build_app(self.namespace, store_url))
         self.app.alerts(limit=1)  # opens the store: its tables exist before any worker starts
         self._conn: psycopg.Connection[Any] | None = None
 
@@ -218,7 +116,7 @@ class DistCluster(Cluster):
     def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
               slow: float | None = None, hang_at: Iterable[str] = (),
               agents: Iterable[str] | None = None) -> Worker:
-        """``sasflow worker disthelpers.py:app`` with these roles (and agents, by base name)."""
+        """``sasflow worker apps/distapp.py:app`` with these roles (and agents, by base name)."""
         env = dict(os.environ)
         env.update({EFFECTS_ENV: str(self.effects_path), PARENT_ENV: str(os.getpid()),
                     HANG_ENV: ",".join(hang_at), NAMESPACE_ENV: self.namespace,
@@ -228,7 +126,7 @@ class DistCluster(Cluster):
             env[SLOW_ENV] = str(slow)
         if self.remote_url is not None:
             env[REMOTE_ENV] = self.remote_url
-        command = [sys.executable, "-m", "sasflow.cli", "worker", f"{APPS / 'disthelpers.py'}:app",
+        command = [sys.executable, "-m", "sasflow.cli", "worker", f"{APPS / 'distapp.py'}:app",
                    "--store", self.store_url, "--roles", ",".join(roles),
                    "--instance-id", self.instance(name), "--concurrency", str(concurrency),
                    "--supervisor-interval", str(INTERVAL), "--log-level", "info"]
@@ -236,11 +134,8 @@ class DistCluster(Cluster):
             command += ["--transport", self.transport_url]
         if agents is not None:
             command += ["--agents", ",".join(self.agent(a) for a in agents)]
-        log = self.root / f"{name}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                     stderr=subprocess.STDOUT, cwd=self.root)
-        worker = Worker(self.instance(name), popen, log)
+        worker = Worker.spawn(self.instance(name), command, self.root / f"{name}.log", env=env,
+                              cwd=self.root)
         self.workers.append(worker)
         return worker
 

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -25,15 +24,13 @@ from typing import Any, TypeVar
 import chaosapp
 import pytest
 
-APPS = Path(__file__).parent
+from sasflow import App
+from support import APPS
+from support.process import Process, kill_all
 
 T = TypeVar("T")
 
 ALL_ROLES = ("scheduler", "agent", "supervisor")
-# How long a wait may last before it is called a hang: worker processes that start,
-# stall and recover on a loaded 2-core machine are slow, never this slow. No wait
-# here is a claim about speed; bench/ measures that.
-HANG_GUARD = 120.0
 
 
 @dataclass(frozen=True)
@@ -70,105 +67,33 @@ class History:
         return self.step is None and "expired" in (self.why or "")
 
 
-class Worker:
-    """A worker process running chaosapp.py with some roles."""
-
-    def __init__(self, name: str, popen: subprocess.Popen[bytes], log: Path) -> None:
-        self.name = name  # also its instance id
-        self.popen = popen
-        self.log = log
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def signal(self, sig: signal.Signals) -> None:
-        os.kill(self.pid, sig)
-
-    def stop(self) -> float:
-        """SIGSTOP, and wait until the kernel shows it stopped; returns when it was."""
-        os.kill(self.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while self._proc_state() != "T":
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} did not stop on SIGSTOP")
-            time.sleep(0.001)
-        return time.time()
-
-    def resume(self) -> float:
-        """SIGCONT; returns a time before it could run again."""
-        at = time.time()
-        os.kill(self.pid, signal.SIGCONT)
-        return at
-
-    def _proc_state(self) -> str:
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2]
-
-    def kill(self) -> float:
-        """SIGKILL and reap; returns a time by which it was certainly dead."""
-        if self.alive:
-            os.kill(self.pid, signal.SIGKILL)
-        self.popen.wait(timeout=10)
-        return time.time()
-
-    def tail(self, lines: int = 400) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        except FileNotFoundError:
-            text = []
-        state = "running" if self.alive else f"exited {self.popen.returncode}"
-        return f"--- {self.name} (pid {self.pid}, {state}) ---\n" + "\n".join(text)
+class Worker(Process):
+    """A worker process running an application of apps/ with some roles; its name is
+    also its instance id."""
 
 
-class Cluster:
-    def __init__(self, root: Path) -> None:
+class World:
+    """What every chaos cluster has: worker processes writing to one effects file, an
+    App in the test process, and the store's tables read through `query`. How the
+    workers are started and the store reached is the subclass's (Cluster: SQLite;
+    support.dist.DistCluster: PostgreSQL and a broker)."""
+
+    def __init__(self, root: Path, store_url: str, app: App) -> None:
         self.root = root
-        self.store_url = f"sqlite:///{root / 'store.db'}"
-        self.db = root / "store.db"
+        self.store_url = store_url
         self.effects_path = root / "effects.log"
         self.effects_path.touch()
         self.remote_url: str | None = None
         self.workers: list[Worker] = []
-        self.app = chaosapp.build_app(self.store_url)
-        assert self.app._store is not None  # creates and migrates the file before any worker
+        self.app = app
 
-    # ------------------------------------------------------------ processes
-    def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
-              slow: float | None = None, hang_at: Iterable[str] = (),
-              script: str = "chaosapp.py") -> Worker:
-        """A worker process running `script` (an application of apps/) with these roles."""
-        env = dict(os.environ)
-        env.update({chaosapp.EFFECTS_ENV: str(self.effects_path),
-                    chaosapp.PARENT_ENV: str(os.getpid()),
-                    chaosapp.HANG_ENV: ",".join(hang_at),
-                    "PYTHONUNBUFFERED": "1"})
-        if slow is not None:
-            env[chaosapp.SLOW_ENV] = str(slow)
-        if self.remote_url is not None:
-            env[chaosapp.REMOTE_ENV] = self.remote_url
-        log = self.root / f"{name}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, str(APPS / script), "--store", self.store_url,
-                 "--instance-id", name, "--roles", ",".join(roles),
-                 "--concurrency", str(concurrency), "--interval", str(chaosapp.INTERVAL)],
-                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        worker = Worker(name, popen, log)
-        self.workers.append(worker)
-        return worker
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Rows of the store's tables; the SQL is SQLite's (``?`` parameters)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         try:
-            for worker in self.workers:
-                if worker.alive:
-                    os.kill(worker.pid, signal.SIGKILL)  # also ends a SIGSTOPped process
-            for worker in self.workers:
-                worker.popen.wait(timeout=10)
+            kill_all(self.workers)
         finally:
             self.app.close()
 
@@ -184,13 +109,6 @@ class Cluster:
             event, task, step, phase, key, pid, at = line.split()
             found.append(Effect(event, task, step, phase, key, int(pid), float(at)))
         return found
-
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        conn = sqlite3.connect(self.db, timeout=30)
-        try:
-            return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
 
     def states(self) -> Counter[str]:
         return Counter(dict(self.query("SELECT state, COUNT(*) FROM tasks GROUP BY state")))
@@ -261,3 +179,41 @@ class Cluster:
         lines = [f"task states: {dict(self.states())}", f"lease: {self.lease()}"]
         lines += [worker.tail() for worker in self.workers]
         return "\n".join(lines)
+
+
+class Cluster(World):
+    """Worker processes running an application script of apps/ over one SQLite file."""
+
+    def __init__(self, root: Path) -> None:
+        store_url = f"sqlite:///{root / 'store.db'}"
+        super().__init__(root, store_url, chaosapp.build_app(store_url))
+        self.db = root / "store.db"
+        assert self.app._store is not None  # creates and migrates the file before any worker
+
+    def spawn(self, name: str, *, roles: Iterable[str] = ALL_ROLES, concurrency: int = 32,
+              slow: float | None = None, hang_at: Iterable[str] = (),
+              script: str = "chaosapp.py") -> Worker:
+        """A worker process running `script` (an application of apps/) with these roles."""
+        env = dict(os.environ)
+        env.update({chaosapp.EFFECTS_ENV: str(self.effects_path),
+                    chaosapp.PARENT_ENV: str(os.getpid()),
+                    chaosapp.HANG_ENV: ",".join(hang_at),
+                    "PYTHONUNBUFFERED": "1"})
+        if slow is not None:
+            env[chaosapp.SLOW_ENV] = str(slow)
+        if self.remote_url is not None:
+            env[chaosapp.REMOTE_ENV] = self.remote_url
+        worker = Worker.spawn(
+            name, [sys.executable, str(APPS / script), "--store", self.store_url,
+                   "--instance-id", name, "--roles", ",".join(roles),
+                   "--concurrency", str(concurrency), "--interval", str(chaosapp.INTERVAL)],
+            self.root / f"{name}.log", env=env)
+        self.workers.append(worker)
+        return worker
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        conn = sqlite3.connect(self.db, timeout=30)
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from harness import Cluster, Worker
 from scenarioapp import MAX_FAILURES, STEPS, UNDO, order_input
 
 from sasflow.examples.orders.remote import RemoteService
 from sasflow.model import TERMINAL_TASK_STATES, TaskState
+from support.scenario import Cluster, Worker
 
 __all__ = ["EFFECT_ORDER", "TERMINAL", "Outcome", "ProcessMeter", "check", "check_alerts",
            "check_bounded_retries", "check_history_chain", "post_mortem", "stale_writes"]

@@ -13,12 +13,15 @@ import signal
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Broker, Cluster, Postgres, Worker
-from invariants import (
+from scenarioapp import STEP_TIMEOUT, WORKFLOW, build_app, order_input
+
+from sasflow.examples.orders.remote import RemoteService
+from support.invariants import (
     TERMINAL,
     Outcome,
     ProcessMeter,
@@ -27,9 +30,7 @@ from invariants import (
     post_mortem,
     stale_writes,
 )
-from scenarioapp import STEP_TIMEOUT, WORKFLOW, build_app, order_input
-
-from sasflow.examples.orders.remote import RemoteService
+from support.scenario import Broker, Cluster, Postgres, Worker
 
 __all__ = ["BACKENDS", "LONG", "POSTGRES_BACKENDS", "RECOVERY", "Backend", "Run", "backends",
            "open_run", "started", "wait_started"]
@@ -181,5 +182,5 @@ def started(worker: Worker) -> bool:
 
 def wait_started(cluster: Cluster, workers: Iterable[Worker]) -> None:
     for worker in workers:
-        cluster.wait_for(f"{worker.name} to start", lambda w=worker: started(w), timeout=60)
+        cluster.wait_for(f"{worker.name} to start", partial(started, worker), timeout=60)
 

@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 
-APPS = Path(__file__).parent / "apps"
+from support import APPS
+from support.process import Process
+
 SHOP = f"{APPS / 'shopapp.py'}:app"  # the path form of APP; tests also use shopapp:app
 COMMAND = [sys.executable, "-m", "sasflow.cli"]
 WAIT = 120.0  # seconds: a hang guard for a loaded 2-core machine, not a claim about speed
@@ -47,46 +49,29 @@ class Result:
         return lines[0]
 
 
-class Worker:
+class Worker(Process):
     """`sasflow worker` in the background, its log (stderr) in a file."""
 
-    def __init__(self, cli: Cli, args: tuple[str, ...], cwd: Path, ready: str | None) -> None:
+    @classmethod
+    def start(cls, cli: Cli, args: tuple[str, ...], cwd: Path, ready: str | None) -> Worker:
         cli.workers += 1
-        self.log = cli.home / f"worker-{cli.workers}.log"
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                [*COMMAND, "worker", *args], cwd=cwd, env=cli.env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+        worker = cls.spawn(f"worker-{cli.workers}", [*COMMAND, "worker", *args],
+                           cli.home / f"worker-{cli.workers}.log", env=cli.env, cwd=cwd,
+                           stdout=False)
         if ready is not None:
             # until it has logged this, a signal would find the interpreter still starting
-            self.wait_for_log(ready)
-
-    def text(self) -> str:
-        return self.log.read_text()
+            worker.wait_for_log(ready)
+        return worker
 
     def wait_for_log(self, fragment: str) -> None:
-        deadline = time.monotonic() + WAIT
-        while fragment not in self.text():
-            if self.process.poll() is not None:
-                pytest.fail(f"the worker exited ({self.process.returncode}): {self.text()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the worker did not log {fragment!r}: {self.text()}")
-            time.sleep(0.02)
+        self.wait_for_line(fragment, timeout=WAIT)
 
-    def stop(self, sig: int = signal.SIGTERM) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT) -> int:
         """Signal the worker and return its exit status."""
-        self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout=WAIT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        status = super().stop(sig, timeout)
+        if status is None:
             pytest.fail(f"the worker did not stop on signal {sig}: {self.text()}")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        return status
 
 
 class Cli:
@@ -113,7 +98,8 @@ class Cli:
     def worker(self, *args: str, cwd: Path | None = None,
                ready: str | None = "starting") -> Worker:
         """Start a worker; wait until it logs `ready` (None: when logging below INFO)."""
-        started = Worker(self, ("--supervisor-interval", "0.1", *args), cwd or self.home, ready)
+        started = Worker.start(self, ("--supervisor-interval", "0.1", *args), cwd or self.home,
+                               ready)
         self._running.append(started)
         return started
 

@@ -23,67 +23,32 @@ from typing import Any, TypeVar
 
 import psycopg
 import scenarioapp
-from servers import PrivatePostgres, PrivateRabbit, PrivateRedis
 
-HERE = Path(__file__).resolve().parent
-APP_FILE = HERE / "scenarioapp.py"
+from support import APPS
+from support.process import Process, kill_all
+from support.servers import PrivatePostgres, PrivateRabbit, PrivateRedis
+
+APP_FILE = APPS / "scenarioapp.py"
 APP_REF = f"{APP_FILE}:app"
 
 T = TypeVar("T")
 
 
-@dataclass
-class Worker:
-    """One ``sasflow worker`` process."""
+class Worker(Process):
+    """One ``sasflow worker`` process; its name is also its instance id."""
 
-    name: str  # also its instance id
-    roles: str
-    agents: str | None
-    popen: subprocess.Popen[bytes]
-    log: Path
-    killed: bool = False  # by the scenario, on purpose
-    stopped: bool = False  # SIGTERMed by the scenario, at the end
+    def __init__(self, name: str, roles: str, agents: str | None,
+                 popen: subprocess.Popen[bytes], log: Path) -> None:
+        super().__init__(name, popen, log)
+        self.roles = roles
+        self.agents = agents
+        self.killed = False  # by the scenario, on purpose
+        self.stopped = False  # SIGTERMed by the scenario, at the end
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def kill(self) -> None:
+    def kill(self) -> float:
         """SIGKILL and reap."""
         self.killed = True
-        if self.alive:
-            os.kill(self.pid, signal.SIGKILL)
-        self.popen.wait(timeout=10)
-
-    def freeze(self) -> float:
-        """SIGSTOP, and wait until the kernel shows it stopped; returns when it was."""
-        os.kill(self.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while self.proc_state() != "T":
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} did not stop on SIGSTOP")
-            time.sleep(0.001)
-        return time.time()
-
-    def thaw(self) -> float:
-        """SIGCONT; returns a time before it could run again."""
-        at = time.time()
-        os.kill(self.pid, signal.SIGCONT)
-        return at
-
-    def connected_to(self, port: int) -> bool:
-        """Whether the process has an established TCP connection to 127.0.0.1:`port`."""
-        found = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{port} )"],
-                               capture_output=True, text=True, check=False).stdout
-        return f"pid={self.pid}," in found
-
-    def proc_state(self) -> str:
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2]
+        return super().kill()
 
     def wait_stopped(self, timeout: float) -> None:
         """Wait for the exit that a SIGTERM asked for; SIGKILL after `timeout` (a hang
@@ -94,19 +59,13 @@ class Worker:
             self.popen.kill()
             self.popen.wait(timeout=10)
 
-    def tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        except FileNotFoundError:
-            text = []
-        state = "running" if self.alive else f"exited {self.popen.returncode}"
+    def tail(self, lines: int = 60, header: str = "") -> str:
         if self.killed:
-            state += ", SIGKILLed by the scenario"
+            header += ", SIGKILLed by the scenario"
         elif self.stopped:
-            state += ", SIGTERMed by the scenario"
-        return (f"--- {self.name} (roles {self.roles}"
-                f"{', agents ' + self.agents if self.agents else ''}; pid {self.pid}, {state};"
-                f" log {self.log}) ---\n" + "\n".join(text))
+            header += ", SIGTERMed by the scenario"
+        agents = f"; agents {self.agents}" if self.agents else ""
+        return super().tail(lines, f"{header}; roles {self.roles}{agents}; log {self.log}")
 
 
 @dataclass
@@ -213,13 +172,9 @@ class Cluster:
                    "--supervisor-interval", str(interval), "--log-level", "info"]
         if agent_list:
             command += ["--agents", agent_list]
-        log = self.root / f"{name}.log"
-        with log.open("wb") as out:
-            out.write((" ".join(command) + "\n").encode())
-            out.flush()
-            popen = subprocess.Popen(command, env=env, cwd=HERE, stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=subprocess.STDOUT)
-        worker = Worker(name, roles, agent_list, popen, log)
+        process = Process.spawn(name, command, self.root / f"{name}.log", env=env, cwd=APPS,
+                                echo_command=True)
+        worker = Worker(name, roles, agent_list, process.popen, process.log)
         self.workers.append(worker)
         return worker
 
@@ -241,11 +196,7 @@ class Cluster:
 
     def close(self) -> None:
         try:
-            for worker in self.workers:
-                if worker.alive:
-                    os.kill(worker.pid, signal.SIGKILL)
-            for worker in self.workers:
-                worker.popen.wait(timeout=10)
+            kill_all(self.workers)
         finally:
             self.db.close()
 

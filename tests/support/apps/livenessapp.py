@@ -1,6 +1,6 @@
 """The application of the liveness scenarios (tests/chaos/test_liveness.py).
 
-Run by real `sasflow worker tests/chaos/apps/livenessapp.py:app` processes:
+Run by real `sasflow worker tests/support/apps/livenessapp.py:app` processes:
 
 * QUICK: one step that answers at once, with a complete-by no machine misses;
 * STUCK: one step whose agent never finishes by itself: it stops only when its
