@@ -9,6 +9,7 @@ teardown, whatever happened.
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import signal
@@ -72,7 +73,7 @@ class Worker(Process):
     also its instance id."""
 
 
-class World:
+class World(abc.ABC):
     """What every chaos cluster has: worker processes writing to one effects file, an
     App in the test process, and the store's tables read through `query`. How the
     workers are started and the store reached is the subclass's (Cluster: SQLite;
@@ -87,9 +88,9 @@ class World:
         self.workers: list[Worker] = []
         self.app = app
 
+    @abc.abstractmethod
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Rows of the store's tables; the SQL is SQLite's (``?`` parameters)."""
-        raise NotImplementedError
 
     def close(self) -> None:
         try:
