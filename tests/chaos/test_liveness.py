@@ -32,7 +32,7 @@ from livenessapp import LONG, NAMESPACE_ENV, QUICK, RETRY_BACKOFF, SLOW_ENV, STU
 from sasflow import App
 from sasflow.store import open_store
 from sasflow.store.base import HistoryEntry, Instance
-from support import APPS
+from support import APPS, waiting
 from support.dist import postgres_schema
 from support.faultproxy import FaultProxy
 from support.process import HANG_GUARD, Process, kill_all
@@ -86,16 +86,9 @@ def clean_env(**values: str) -> dict[str, str]:
 
 def wait_for(what: str, condition: Callable[[], T | None], procs: list[Process],
              timeout: float = HANG_GUARD) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.name}\n{p.text()[-4000:]}" for p in procs)
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}",
-                        pytrace=False)
-        time.sleep(0.05)
+    return waiting.wait_for(
+        what, condition, timeout=timeout, poll=0.05,
+        explain=lambda: "\n".join(f"--- {p.name}\n{p.text()[-4000:]}" for p in procs))
 
 
 def failing(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str] | None:

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import chaosapp
-import pytest
 
 from sasflow import App
-from support import APPS
+from support import APPS, waiting
 from support.process import Process, kill_all
 
 T = TypeVar("T")
@@ -141,15 +140,8 @@ class World(abc.ABC):
     def wait_for(self, what: str, condition: Callable[[], T], timeout: float,
                  poll: float = 0.02) -> T:
         """Poll `condition` until it is truthy; fail after `timeout` s saying what is missing."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = condition()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout:.1f}s waiting for {what}\n"
-                            f"{self.diagnostics()}", pytrace=False)
-            time.sleep(poll)
+        return waiting.wait_for(what, condition, timeout=timeout, poll=poll,
+                                explain=self.diagnostics)
 
     def in_flight(self, pid: int, step: str | None = None, phase: str = "do") -> set[str]:
         """Tasks whose unit `pid` started and has not finished, by the effects file."""

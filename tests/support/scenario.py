@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import psycopg
 import scenarioapp
 
-from support import APPS
+from support import APPS, waiting
 from support.process import Process, kill_all
 from support.servers import PrivatePostgres, PrivateRabbit, PrivateRedis
 
@@ -230,15 +230,8 @@ class Cluster:
 
     def wait_for(self, what: str, condition: Callable[[], T | None], timeout: float,
                  poll: float = 0.1) -> T:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = condition()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n"
-                                     f"{self.diagnostics()}")
-            time.sleep(poll)
+        return waiting.wait_for(what, condition, timeout=timeout, poll=poll,
+                                explain=self.diagnostics)
 
     def diagnostics(self, lines: int = 60, *, stacks: bool = True) -> str:
         """The store's counts and every worker's log tail (with live ones' stacks: for a
