@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from typing import Any
 
 import common as C
 from throughput import DEFAULT_CONCURRENCY
-from workload import WORKFLOW, make_app
-
-from sasflow import TaskState
+from workload import make_app, time_one_by_one
 
 WARM_UP = 5
 
@@ -30,16 +27,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     C.remove_db(path)
     app = make_app(C.store_url(path, a.sync))
     app.start(concurrency=DEFAULT_CONCURRENCY)
-    samples: list[float] = []
-    failed = 0
     try:
-        for i in range(WARM_UP + a.n):
-            t0 = time.perf_counter()
-            task = app.wait(app.submit(WORKFLOW, None), timeout=30)
-            took = time.perf_counter() - t0
-            failed += task.state is not TaskState.PROCESSED
-            if i >= WARM_UP:
-                samples.append(took)
+        samples, failed = time_one_by_one(app, a.n, WARM_UP)
     finally:
         app.stop()
         C.remove_db(path)

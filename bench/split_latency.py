@@ -18,13 +18,10 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from typing import Any
 
 import common as C
-from workload import WORKFLOW, make_app
-
-from sasflow import TaskState
+from workload import WORKFLOW, make_app, time_one_by_one
 
 WARM_UP = 5
 APP_REF = os.path.join(C.HERE, "agent_app.py") + ":app"
@@ -45,18 +42,10 @@ def measure(n: int) -> dict[str, Any]:
     store = C.store_url(path)
     app = make_app(store)  # declarations and the client only: no roles started here
     worker = _worker(store, os.path.join(scratch, f"worker-{os.getpid()}.log"))
-    samples: list[float] = []
-    failed = 0
     try:
         # the worker is up once it has run a task
         app.wait(app.submit(WORKFLOW, None), timeout=60)
-        for i in range(WARM_UP + n):
-            t0 = time.perf_counter()
-            task = app.wait(app.submit(WORKFLOW, None), timeout=30)
-            took = time.perf_counter() - t0
-            failed += task.state is not TaskState.PROCESSED
-            if i >= WARM_UP:
-                samples.append(took)
+        samples, failed = time_one_by_one(app, n, WARM_UP)
     finally:
         C.stop_proc(worker)
         app.close()

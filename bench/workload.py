@@ -29,11 +29,27 @@ from typing import Any
 
 from common import append_line
 
-from sasflow import AgentRequest, App, Step
+from sasflow import AgentRequest, App, Step, TaskState
 
 WORKFLOW = "wf3"
 AGENT = "bench-step"
 STEP_NAMES = ("step1", "step2", "step3")
+
+
+def time_one_by_one(app: App, n: int, warm_up: int = 5) -> tuple[list[float], int]:
+    """Submit `warm_up + n` single wf3 tasks one at a time, each awaited: the seconds of
+    the last `n` (submit -> terminal state seen by the client), and how many did not
+    end processed."""
+    samples: list[float] = []
+    failed = 0
+    for i in range(warm_up + n):
+        t0 = time.perf_counter()
+        task = app.wait(app.submit(WORKFLOW, None), timeout=30)
+        took = time.perf_counter() - t0
+        failed += task.state is not TaskState.PROCESSED
+        if i >= warm_up:
+            samples.append(took)
+    return samples, failed
 
 
 def make_app(store: str | None, *, step_timeout: float = 10.0, agent: str = AGENT,
