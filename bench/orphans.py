@@ -23,7 +23,7 @@ from typing import Any
 import common as C
 
 from sasflow import App, Step
-from sasflow.store.base import Instance
+from sasflow.store.records import Instance
 
 SUBMIT_BATCH = 500
 

@@ -25,7 +25,8 @@ from sasflow.client import Client, Migration
 from sasflow.isolation import Isolation
 from sasflow.plan import Plan
 from sasflow.running import Runner
-from sasflow.store.base import Alert, NewTask, Store
+from sasflow.store.interfaces import Store
+from sasflow.store.records import Alert, NewTask
 from sasflow.transport import Transport
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES
 from sasflow.worker import Worker

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sasflow.backends import Backends
-from sasflow.background_loop import BackgroundLoop, refuse_inside_a_loop
+from sasflow.background_loop import BackgroundLoop
 from sasflow.declarations import Declarations
 from sasflow.errors import (
     InvalidTransitionError,
@@ -39,7 +39,8 @@ from sasflow.model import Task, TaskState, idempotency_key
 from sasflow.plan import Plan, task_version
 from sasflow.signals import InProcessSignals
 from sasflow.status_stream import Listening, statuses
-from sasflow.store.base import Alert, HistoryEntry, NewTask, Store
+from sasflow.store.interfaces import Store
+from sasflow.store.records import Alert, HistoryEntry, NewTask
 from sasflow.transition import Transition
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Transport
 from sasflow.transport.dead_letter import DeadLetter
@@ -173,13 +174,12 @@ class Client:
     def submit(self, workflow: str, input: Any = None, *, task_id: str | None = None,
                reply_to: str | None = None, connection: Any = None) -> str:
         """Blocking twin of `asubmit`."""
+        if connection is None:
+            return self._loop.call(self.asubmit(workflow, input, task_id=task_id,
+                                                reply_to=reply_to))
+        # the caller's transaction lives in the caller's thread
         new = self._new_task(workflow, input, task_id=task_id, reply_to=reply_to)
-        if connection is not None:  # the caller's transaction lives in the caller's thread
-            self._store.submit_in(connection, new)
-        else:
-            refuse_inside_a_loop()
-            self._store.submit_blocking(new)
-            self._signals.wake_schedulers()
+        self._store.submit_in(connection, new)
         return new.task_id
 
     # ------------------------------------------------------------ reading

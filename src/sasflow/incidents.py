@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sasflow.plan import Plan
-from sasflow.store.base import Alert, Census, Instance, Store
+from sasflow.store.interfaces import Store
+from sasflow.store.records import Alert, Census, Instance
 
 __all__ = ["Incident", "IncidentWatch", "find_incidents"]
 

@@ -66,6 +66,11 @@ class Plan:
     workflow: Workflow
     compensable: frozenset[str]  # agents that declared a compensator
 
+    @property
+    def version(self) -> str:
+        """The workflow version it decides for: the only one its claims take (R4)."""
+        return self.workflow.version
+
     # ------------------------------------------------------------ scheduler
     def claim(self, task: Task, owner: str, now: float) -> Transition:
         """A scheduler takes an unlocked pending or compensating task (E3)."""

@@ -22,7 +22,7 @@ from sasflow.messages import Reply, Request, decode_reply, encode_within
 from sasflow.model import Phase, Task, TaskState
 from sasflow.outage import Repeats
 from sasflow.plan import Plan
-from sasflow.store.base import Store
+from sasflow.store.interfaces import Store
 from sasflow.testing import failpoints
 from sasflow.transition import Transition, applied
 from sasflow.transport.base import Transport, agent_queue, reply_queue

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 from sasflow.model import claimable, terminal
 from sasflow.scheduler import Scheduler
-from sasflow.store.base import Alert, Store
+from sasflow.store.interfaces import Store
+from sasflow.store.records import Alert
 from sasflow.transition import Transition
 
 __all__ = ["InProcessSignals"]

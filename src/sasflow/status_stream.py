@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 
 from sasflow.background_loop import BackgroundLoop
 from sasflow.messages import Status, decode_status
-from sasflow.store.base import Store
+from sasflow.store.interfaces import Store
 from sasflow.transport.base import Transport
 from sasflow.transport.dead_letter import (
     MalformedMessage,

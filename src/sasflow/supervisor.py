@@ -43,7 +43,8 @@ from sasflow.errors import StoreError
 from sasflow.incidents import IncidentWatch
 from sasflow.model import Task
 from sasflow.plan import Plan
-from sasflow.store.base import Alert, Store
+from sasflow.store.interfaces import Store
+from sasflow.store.records import Alert
 from sasflow.testing import failpoints
 from sasflow.transition import LeaseFence, Transition
 

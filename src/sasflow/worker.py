@@ -38,7 +38,8 @@ from sasflow.errors import ConfigurationError
 from sasflow.outage import Outage
 from sasflow.scheduler import Scheduler
 from sasflow.sd_notify import notify
-from sasflow.store.base import Alert, Instance, Store
+from sasflow.store.interfaces import Store
+from sasflow.store.records import Alert, Instance
 from sasflow.supervisor import Supervisor
 from sasflow.transition import Transition
 from sasflow.transport.base import Transport

@@ -31,7 +31,7 @@ from livenessapp import LONG, NAMESPACE_ENV, QUICK, RETRY_BACKOFF, SLOW_ENV, STU
 
 from sasflow import App
 from sasflow.store import open_store
-from sasflow.store.base import HistoryEntry, Instance
+from sasflow.store.records import HistoryEntry, Instance
 from support import APPS, waiting
 from support.dist import postgres_schema
 from support.faultproxy import FaultProxy

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sasflow import AgentRequest, App, Step, TaskState
-from sasflow.store.sqlite_wake import WakeChannel
+from sasflow.store.sqlite.wake import WakeChannel
 
 HANG_GUARD = 60.0  # a wait that long is a hang, never a claim about speed
 

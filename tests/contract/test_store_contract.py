@@ -16,7 +16,7 @@ from sasflow.messages import decode_status
 from sasflow.model import Phase, StepState, TaskState, idempotency_key
 from sasflow.plan import Plan
 from sasflow.store import Store
-from sasflow.store.base import Alert, Instance, NewTask
+from sasflow.store.records import Alert, Instance, NewTask
 from sasflow.transition import LeaseFence, Transition
 from sasflow.transport import DeadLetter
 from sasflow.workflow import Step, Workflow

@@ -28,7 +28,7 @@ STEPS = [("t-1", "do", 0, "reserve", "inventory", "pending", "k0", 1.0),
 
 
 def _scripts(dialect: str, before: str) -> list[str]:
-    folder = resources.files("sasflow.store.migrations") / dialect
+    folder = resources.files(f"sasflow.store.{dialect}") / "migrations"
     return [f.read_text() for f in sorted(folder.iterdir(), key=lambda f: f.name)
             if f.name.endswith(".sql") and f.name < before]
 

@@ -9,8 +9,8 @@ import pytest
 
 from sasflow.errors import ConfigurationError, StoreError
 from sasflow.store import open_store
-from sasflow.store.base import NewTask
 from sasflow.store.memory import MemoryStore
+from sasflow.store.records import NewTask
 
 
 def new_task(task_id: str) -> NewTask:
@@ -56,7 +56,7 @@ async def test_a_submission_from_another_thread_wakes_the_watchers() -> None:
 
     watching = asyncio.create_task(store.watch(wake))
     await asyncio.sleep(0)
-    thread = threading.Thread(target=store.submit_blocking, args=(new_task("t-1"),))
+    thread = threading.Thread(target=store.submit_now, args=(new_task("t-1"),))
     thread.start()
     thread.join()
     async with asyncio.timeout(10):

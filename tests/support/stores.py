@@ -14,7 +14,7 @@ import msgspec
 from sasflow.model import Task, idempotency_key
 from sasflow.plan import Plan
 from sasflow.store import Store
-from sasflow.store.base import NewTask
+from sasflow.store.records import NewTask
 from sasflow.transition import Transition, applied
 from sasflow.workflow import Step, Workflow
 

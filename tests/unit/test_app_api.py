@@ -27,7 +27,7 @@ from sasflow import (
     WaitTimeout,
 )
 from sasflow.messages import Status
-from sasflow.store.base import Alert
+from sasflow.store.records import Alert
 
 MakeApp = Callable[..., App]
 # No test here is about a step running out of time, or about speed: a complete-by and

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from sasflow.store.pg_commit import GroupCommit
+from sasflow.store.postgres.commit import GroupCommit
 
 HANG_GUARD = 60  # seconds: only a hang fails on it, never a slow machine
 

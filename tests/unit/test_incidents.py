@@ -14,7 +14,7 @@ import pytest
 from sasflow.incidents import IncidentWatch
 from sasflow.model import idempotency_key
 from sasflow.plan import Plan
-from sasflow.store.base import Alert, Instance, NewTask
+from sasflow.store.records import Alert, Instance, NewTask
 from sasflow.store.sqlite import SQLiteStore
 from sasflow.workflow import Step, Workflow
 
@@ -78,7 +78,7 @@ async def test_an_incident_is_raised_again_when_it_doubles_and_resolved_when_gon
         store: SQLiteStore) -> None:
     """A stale heartbeat does not count as live; the incident's alert comes again only
     once it holds twice the tasks, and is resolved when no task needs it any more."""
-    clock = store.now
+    clock = store.clock
     assert isinstance(clock, Clock)
     await store.beat(worker("w-old", agents=["inventory", "payments"]))
     clock.now += 31  # its heartbeat is now too old

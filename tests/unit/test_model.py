@@ -28,7 +28,7 @@ from sasflow.model import (
     isoformat,
     terminal,
 )
-from sasflow.store import sql
+from sasflow.store import queries as sql
 
 T, S = TaskState, StepState
 
@@ -296,7 +296,7 @@ def test_the_claimable_index_covers_exactly_the_claimable_predicate(dialect: str
     """The partial index tasks_claimable (its latest definition in the migrations) has
     sql.CLAIMABLE_SQL as its WHERE, word for word: what the claim queries say, so the
     index serves them (SQLite matches a partial index's terms textually)."""
-    folder = resources.files("sasflow.store.migrations") / dialect
+    folder = resources.files(f"sasflow.store.{dialect}") / "migrations"
     scripts = sorted((f.name, f.read_text()) for f in folder.iterdir()
                      if f.name.endswith(".sql"))
     definitions = [statement for _, script in scripts for statement in script.split(";")

@@ -28,9 +28,9 @@ async def test_a_wake_up_while_every_slot_is_busy_claims_nothing(db_url: str) ->
     claims: list[int] = []
     claim = app._store.claim
 
-    async def counted(owner: str, limit: int, plans: Any) -> list[Task]:
+    async def counted(owner: str, limit: int, rules: Any) -> list[Task]:
         claims.append(limit)
-        return await claim(owner, limit, plans)
+        return await claim(owner, limit, rules)
 
     app._store.claim = counted  # type: ignore[method-assign]
     running = asyncio.create_task(worker.run())
@@ -96,8 +96,8 @@ async def test_a_claim_that_commits_as_the_worker_stops_is_handed_back(db_url: s
     committed, stopping = asyncio.Event(), asyncio.Event()
     claim = app._store.claim
 
-    async def late_answer(owner: str, limit: int, plans: Any) -> list[Task]:
-        claimed = await claim(owner, limit, plans)
+    async def late_answer(owner: str, limit: int, rules: Any) -> list[Task]:
+        claimed = await claim(owner, limit, rules)
         if claimed:
             committed.set()
             await stopping.wait()  # the answer comes back after the stop was asked for

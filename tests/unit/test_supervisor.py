@@ -10,7 +10,7 @@ import pytest
 
 from sasflow.model import TaskState, idempotency_key
 from sasflow.plan import Plan
-from sasflow.store.base import Instance, NewTask
+from sasflow.store.records import Instance, NewTask
 from sasflow.store.sqlite import SQLiteStore
 from sasflow.supervisor import Supervisor
 from sasflow.workflow import Step, Workflow
@@ -42,7 +42,7 @@ async def test_each_batch_of_recoveries_is_one_log_line_naming_tasks_steps_and_w
                                    steps=[("reserve", "inventory",
                                            idempotency_key(f"t{n}", "reserve"))]))
     await store.claim("gone", 10, PLANS)
-    clock = store.now
+    clock = store.clock
     assert isinstance(clock, Clock)
     clock.now += 6
     supervisor = Supervisor(store, PLANS, instance_id="sup-1")
@@ -59,7 +59,7 @@ async def test_the_leader_forgets_instances_silent_for_long_once_an_hour(
     """Pods come and go with new ids: the leader deletes the rows of instances silent
     for longer than `forget_instances_after`, with one log line, and looks again only
     an hour later."""
-    clock = store.now
+    clock = store.clock
     assert isinstance(clock, Clock)
     for name in ("pod-a", "pod-b"):
         await store.beat(Instance(instance_id=name, host="h", pid=1, roles=["scheduler"],

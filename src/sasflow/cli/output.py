@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sasflow.model import Task, isoformat
-from sasflow.store.base import Alert, HistoryEntry
+from sasflow.store.records import Alert, HistoryEntry
 
 __all__ = [
     "alert_json",

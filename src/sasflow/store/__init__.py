@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from sasflow.errors import ConfigurationError, MissingExtraError
 from sasflow.redact import redact
-from sasflow.store.base import Store
+from sasflow.store.interfaces import Store
 
 __all__ = ["Store", "open_store"]
 

@@ -42,8 +42,8 @@ from sasflow.model import (
     claimable,
     terminal,
 )
-from sasflow.plan import Plan
-from sasflow.store.base import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
+from sasflow.store.interfaces import ClaimRule
+from sasflow.store.records import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.rows import check_legal, claim_transition, implied_rows, status_row
 from sasflow.transition import Transition, applied
 from sasflow.transport.dead_letter import DeadLetter
@@ -129,9 +129,11 @@ class MemoryStore:
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
         if connection is not None:
             return self.submit_in(connection, task)
-        return self.submit_blocking(task)
+        return self.submit_now(task)
 
-    def submit_blocking(self, task: NewTask) -> bool:
+    def submit_now(self, task: NewTask) -> bool:
+        """`submit` from outside a coroutine (the simulation's clients): this store does
+        no I/O, so it needs no event loop."""
         with self._data.lock:
             created = self._insert(task)
         if created:
@@ -162,17 +164,18 @@ class MemoryStore:
                                          from_state=None, to_state=TaskState.PENDING.value,
                                          why="submitted"))
         if task.reply_to:
-            queue, body, _ = status_row(task.reply_to, task.task_id, "received",
-                                         TaskState.PENDING, None, now)
-            self._add_outbox(queue, body)
+            row = status_row(task.reply_to, task.task_id, "received", TaskState.PENDING,
+                             None, now)
+            self._add_outbox(row["queue"], row["body"])
         return True
 
     # ------------------------------------------------------------ scheduler
-    async def claim(self, owner: str, limit: int, plans: Mapping[str, Plan]) -> list[Task]:
-        if not plans or limit <= 0:
+    async def claim(self, owner: str, limit: int, rules: Mapping[str, ClaimRule]
+                    ) -> list[Task]:
+        if not rules or limit <= 0:
             return []
         # only the versions declared here (R4)
-        versions = {name: plan.workflow.version for name, plan in plans.items()}
+        versions = {name: rule.version for name, rule in rules.items()}
         claimed: list[Task] = []
         with self._data.lock:
             now = self.now()
@@ -182,7 +185,7 @@ class MemoryStore:
                  and task.available_at <= now and versions.get(task.workflow) == task.version),
                 key=lambda task: task.available_at)[:limit]
             for task in runnable:  # (the planner changes no snapshot: no copy needed)
-                planned = claim_transition(plans[task.workflow], task, owner, now)
+                planned = claim_transition(rules[task.workflow], task, owner, now)
                 if planned is not None and self._apply(planned[0], now):
                     claimed.append(self._copy(task.task_id))
         return claimed
@@ -201,8 +204,9 @@ class MemoryStore:
         return applied
 
     def _apply(self, t: Transition, now: float) -> bool:
-        """The fenced write of one transition (as sql.APPLY_TRANSITION) and its rows: only
-        if the task still has the epoch, state, owner and step it was planned from."""
+        """The fenced write of one transition (as the SQL stores' apply_transition) and
+        its rows: only if the task still has the epoch, state, owner and step it was
+        planned from."""
         check_legal(t)
         data = self._data
         stored = data.tasks.get(t.task_id)
@@ -224,20 +228,14 @@ class MemoryStore:
         # copied in, as a SQL store encodes the results it writes
         t = _decode(encode(t), type=Transition)
         stored.task = msgspec.structs.replace(applied(task, t), updated_at=now)
-        for kind, values in implied_rows(t, now):
-            if kind == "history":
-                task_id, step, phase, at, actor, epoch, from_state, to_state, why = values
-                data.history.append(HistoryEntry(
-                    task_id=task_id, step=step, phase=phase, at=at, actor=actor, epoch=epoch,
-                    from_state=from_state, to_state=to_state, why=why))
-            elif kind == "outbox":
-                queue, body, _ = values
-                self._add_outbox(queue, body)
-            elif kind == "alert":
-                task_id, step, agent, at, message = values
-                data.alerts.append(Alert(id=next(data.ids), task_id=task_id, step=step,
-                                         agent=agent, at=at, message=message))
-            # ("step" and "drop" rows: in the snapshot already)
+        for table, row in implied_rows(t, now):
+            if table == "history":
+                data.history.append(HistoryEntry(**row))
+            elif table == "outbox":
+                self._add_outbox(row["queue"], row["body"])
+            elif table == "alerts":
+                data.alerts.append(Alert(id=next(data.ids), **row))
+            # (unit rows and dropped ones: in the snapshot already)
         return True
 
     def _tasks(self) -> list[Task]:

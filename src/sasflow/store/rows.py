@@ -1,20 +1,23 @@
-"""Rows <-> records, shared by every SQL store: one mapping, whatever the dialect.
+"""Rows <-> records, by column name, for every SQL store whatever its dialect.
 
-A task row's columns are sql.TASK_COLUMNS in order; a step row's are those of
-sql.select_steps / pg_sql.SELECT_STEPS (task_id, phase, idx, name, agent, state,
-attempts, failure_count, complete_by, idempotency_key, result, error, in_doubt).
+A row read is a mapping of column name to value (sqlite3.Row, psycopg's
+dict_row); a row written is a dict of named parameters. Unit rows are made and
+read field by field from columns.STEP, so a new unit field needs no change here
+(unless it holds JSON, as `result` does).
 
-The other way, a Transition becomes the parameters of the fenced task UPDATE
-(`set_values`, `fence_values`) and the rows it implies (`implied_rows`), each
-tagged with what it is; every store maps a tag to its own dialect's statement.
-The values are the Transition's own: a store writes them as they are.
+A Transition becomes the named parameters of the fenced task update
+(`task_values`) and the rows it implies (`implied_rows`), each tagged with its
+table; a submission becomes its task row and the rows it implies
+(`submission_rows`). The values are the Transition's own: a store writes them
+as they are.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
-from collections.abc import Iterable, Iterator
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -29,109 +32,154 @@ from sasflow.model import (
     TaskState,
     can_move,
 )
-from sasflow.plan import Plan
-from sasflow.store.base import Alert, Instance
-from sasflow.transition import Transition, applied
+from sasflow.store import columns
+from sasflow.store.records import Alert, Instance, NewTask
+from sasflow.transition import Transition, UnitChange, applied
+from sasflow.transport.dead_letter import DeadLetter
 from sasflow.workflow import workflow_version
 
-__all__ = ["Row", "RowKind", "alert_from_row", "attach_steps", "check_legal",
-           "claim_transition", "fence_values", "implied_rows", "incident_params",
-           "instance_from_row", "instance_params", "set_values", "status_row",
-           "task_from_row", "versions_of"]
+__all__ = ["Row", "Table", "alert_from_row", "attach_steps", "check_legal",
+           "claim_transition", "implied_rows", "incident_params", "instance_from_row",
+           "instance_params", "letter_from_row", "letter_params", "status_row",
+           "submission_rows", "task_from_row", "task_values", "unit_row", "versions_of"]
 
-# What an implied row is; stores map each to their UPSERT_STEP, INSERT_HISTORY,
-# INSERT_OUTBOX, INSERT_ALERT and DROP_STEPS statements.
-RowKind = Literal["step", "history", "outbox", "alert", "drop"]
-Row = tuple[RowKind, tuple[Any, ...]]
+# The table an implied row goes to ("drop": the step rows past a shorter shape's end)
+Table = Literal["steps", "history", "outbox", "alerts", "drop"]
+Row = dict[str, Any]
 
 _decode = msgspec.json.decode
+_JSON_FIELDS = frozenset({"result"})  # unit fields stored as JSON text
 log = logging.getLogger("sasflow.store")
 
 
-def instance_params(instance: Instance, now: float, first: bool) -> dict[str, Any]:
-    """The named parameters of BEAT: lists and maps as JSON text."""
+class _Rule(Protocol):
+    def claim(self, task: Task, owner: str, now: float) -> Transition: ...
+
+
+# ---------------------------------------------------------------- reading
+def task_from_row(row: Mapping[str, Any]) -> Task:
+    return Task(task_id=row["task_id"], workflow=row["workflow"], input=_decode(row["input"]),
+                state=TaskState(row["state"]), phase=Phase(row["phase"]),
+                cursor=row["cursor"], locked_by=row["locked_by"],
+                complete_by=row["complete_by"], available_at=row["available_at"],
+                failure_count=row["failure_count"], epoch=row["epoch"],
+                reply_to=row["reply_to"], error=row["error"], created_at=row["created_at"],
+                updated_at=row["updated_at"], version=row["version"])
+
+
+def _unit_values(row: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
+    values = {name: row[name] for name in fields if name in columns.STEP}
+    for name in _JSON_FIELDS & values.keys():
+        values[name] = None if values[name] is None else _decode(values[name])
+    return values
+
+
+_STEP_FIELDS = StepRecord.__struct_fields__
+_UNDO_FIELDS = CompensationRecord.__struct_fields__
+
+
+def attach_steps(tasks: dict[str, Task], step_rows: Iterable[Mapping[str, Any]]) -> None:
+    """Fill in each task's steps, and their compensations, from its unit rows."""
+    undo: list[Mapping[str, Any]] = []
+    for row in step_rows:
+        if row["phase"] == Phase.UNDO.value:  # after every step of its task is in place
+            undo.append(row)
+            continue
+        tasks[row["task_id"]].steps.append(msgspec.convert(
+            _unit_values(row, _STEP_FIELDS), StepRecord, strict=False))
+    for row in undo:
+        tasks[row["task_id"]].steps[row["idx"]].compensation = msgspec.convert(
+            _unit_values(row, _UNDO_FIELDS), CompensationRecord, strict=False)
+
+
+def alert_from_row(row: Mapping[str, Any]) -> Alert:
+    return Alert(id=row["id"], task_id=row["task_id"], step=row["step"], agent=row["agent"],
+                 at=row["at"], message=row["message"], incident=row["incident"],
+                 count=row["count"], resolved_at=row["resolved_at"])
+
+
+def instance_from_row(row: Mapping[str, Any]) -> Instance:
+    """A row of select_instances (JSON columns as text) as an Instance."""
+    return Instance(instance_id=row["instance_id"], host=row["host"], pid=row["pid"],
+                    roles=_decode(row["roles"]), agents=_decode(row["agents"]),
+                    workflows=_decode(row["workflows"]), lease=row["lease"],
+                    started_at=row["started_at"], beat_at=row["beat_at"],
+                    stopped_at=row["stopped_at"])
+
+
+def letter_from_row(row: Mapping[str, Any]) -> DeadLetter:
+    return DeadLetter(id=row["id"], queue=row["queue"], reason=row["reason"],
+                      deliveries=row["deliveries"], first_seen=row["first_seen"],
+                      at=row["at"], body=bytes(row["body"]))
+
+
+def versions_of(rows: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """The set_version parameters of tasks written before versions existed, from rows
+    of select_unversioned (task_id, workflow, step name, agent; in step order)."""
+    shapes: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    for row in rows:
+        shapes.setdefault(row["task_id"], (row["workflow"], []))[1].append(
+            (row["name"], row["agent"]))
+    return [{"version": workflow_version(workflow, steps), "task_id": task_id}
+            for task_id, (workflow, steps) in shapes.items()]
+
+
+# ---------------------------------------------------------------- parameters
+def instance_params(instance: Instance, now: float, first: bool) -> Row:
+    """The parameters of `beat`: lists and maps as JSON text."""
     return {"instance_id": instance.instance_id, "host": instance.host, "pid": instance.pid,
             "roles": encode(instance.roles).decode(), "agents": encode(instance.agents).decode(),
             "workflows": encode(instance.workflows).decode(), "lease": instance.lease,
             "now": now, "first": first}
 
 
-def instance_from_row(row: tuple[Any, ...]) -> Instance:
-    """A row of SELECT_INSTANCES (JSON columns as text) as an Instance."""
-    (instance_id, host, pid, roles, agents, workflows, started_at, beat_at,
-     stopped_at, lease) = row
-    return Instance(instance_id=instance_id, host=host, pid=pid, roles=_decode(roles),
-                    agents=_decode(agents), workflows=_decode(workflows), lease=lease,
-                    started_at=started_at, beat_at=beat_at, stopped_at=stopped_at)
-
-
-def task_from_row(row: tuple[Any, ...]) -> Task:
-    return Task(task_id=row[0], workflow=row[1], input=_decode(row[2]),
-                state=TaskState(row[3]), phase=Phase(row[4]), cursor=row[5], locked_by=row[6],
-                complete_by=row[7], available_at=row[8], failure_count=row[9], epoch=row[10],
-                reply_to=row[11],
-                error=row[12], created_at=row[13], updated_at=row[14], version=row[15])
-
-
-def alert_from_row(row: tuple[Any, ...]) -> Alert:
-    """A row of sql.ALERT_COLUMNS as an Alert."""
-    (id_, task_id, step, agent, at, message, incident, count, resolved_at) = row
-    return Alert(id=id_, task_id=task_id, step=step, agent=agent, at=at, message=message,
-                 incident=incident, count=count, resolved_at=resolved_at)
-
-
-def incident_params(alert: Alert, now: float) -> dict[str, Any]:
-    """The named parameters of INSERT_INCIDENT."""
+def incident_params(alert: Alert, now: float) -> Row:
     return {"agent": alert.agent, "now": now, "message": alert.message,
             "incident": alert.incident, "count": alert.count}
 
 
-def versions_of(rows: Iterable[tuple[Any, ...]]) -> list[tuple[str, str]]:
-    """(version, task_id) of tasks written before versions existed, from rows of
-    SELECT_UNVERSIONED (task_id, workflow, step name, agent; in step order)."""
-    shapes: dict[str, tuple[str, list[tuple[str, str]]]] = {}
-    for task_id, workflow, name, agent in rows:
-        shapes.setdefault(task_id, (workflow, []))[1].append((name, agent))
-    return [(workflow_version(workflow, steps), task_id)
-            for task_id, (workflow, steps) in shapes.items()]
-
-
-def attach_steps(tasks: dict[str, Task], step_rows: Iterable[tuple[Any, ...]]) -> None:
-    """Fill in each task's steps, and their compensations, from its step rows."""
-    undo: list[tuple[Any, ...]] = []
-    for r in step_rows:
-        if r[1] == Phase.UNDO.value:  # after every step of its task is in place
-            undo.append(r)
-            continue
-        tasks[r[0]].steps.append(StepRecord(
-            name=r[3], agent=r[4], state=StepState(r[5]), attempts=r[6], failure_count=r[7],
-            complete_by=r[8], idempotency_key=r[9],
-            result=None if r[10] is None else _decode(r[10]), error=r[11],
-            in_doubt=bool(r[12])))
-    for r in undo:
-        tasks[r[0]].steps[r[2]].compensation = CompensationRecord(
-            state=StepState(r[5]), attempts=r[6], failure_count=r[7], complete_by=r[8],
-            idempotency_key=r[9], result=None if r[10] is None else _decode(r[10]),
-            error=r[11])
+def letter_params(letter: DeadLetter) -> Row:
+    return {"id": letter.id, "queue": letter.queue, "reason": letter.reason,
+            "deliveries": letter.deliveries, "first_seen": letter.first_seen,
+            "at": letter.at, "body": letter.body}
 
 
 def status_row(queue: str, task_id: str, event: str, state: TaskState, step: str | None,
-               now: float, error: str | None = None) -> tuple[str, bytes, float]:
+               now: float, error: str | None = None) -> Row:
     """An outbox row: the status message, written with the change it reports (E11)."""
     body = encode(Status(task_id=task_id, event=StatusEvent(event), state=state.value, at=now,
                          step=step, error=error if event in ("error", "compensating") else None))
-    return (queue, body, now)
+    return {"task_id": task_id, "queue": queue, "body": body, "created_at": now}
+
+
+def _column(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def unit_row(task_id: str, unit: UnitChange, now: float) -> Row:
+    """A unit's complete row (columns.STEP), from the values the transition carries."""
+    row: Row = {"task_id": task_id, "idx": unit.index, "updated_at": now}
+    for name in columns.STEP:
+        if name not in row:
+            value = getattr(unit, name)
+            row[name] = (None if value is None else encode(value).decode()) if (
+                name in _JSON_FIELDS) else _column(value)
+    return row
 
 
 # ---------------------------------------------------------------- transitions
-def claim_transition(plan: Plan, task: Task, owner: str, now: float
+def claim_transition(rule: _Rule, task: Task, owner: str, now: float
                      ) -> tuple[Transition, Task] | None:
-    """The plan's claim of a task and the task once claimed, or None (the task is left
-    alone) if its stored steps are not of the plan's version. Claims select by version,
+    """The rule's claim of a task and the task once claimed, or None (the task is left
+    alone) if its stored steps are not of the rule's version. Claims select by version,
     so this means a task row whose version column disagrees with its own steps: it is
     skipped, never run under a shape it was not planned for (R4)."""
     try:
-        transition = plan.claim(task, owner, now)
+        transition = rule.claim(task, owner, now)
     except InvalidTransitionError as error:
         log.warning("not claiming task %s: %s", task.task_id, error)
         return None
@@ -145,43 +193,67 @@ def check_legal(t: Transition) -> None:
                          task_id=t.task_id)
 
 
-def set_values(t: Transition, now: float) -> tuple[Any, ...]:
-    """The new values of the fenced UPDATE: state, phase, cursor, locked_by, complete_by,
-    available_at, failure_count, error, epoch, updated_at, version."""
-    return (t.state.value, t.phase.value, t.cursor, t.locked_by, t.complete_by,
-            t.available_at, t.failure_count, t.error, t.new_epoch, now, t.version)
-
-
-def fence_values(t: Transition) -> tuple[Any, ...]:
-    """The fence of the UPDATE: task id, epoch, state, owner, phase, cursor, version,
-    expired-before, and the lease's name, holder and epoch (None when the writer holds
-    no lease)."""
+def task_values(t: Transition, now: float) -> Row:
+    """The parameters of the fenced task update: the new values, then the fence (task
+    id, epoch, state, owner, unit, version, expired-before, and the lease's name,
+    holder and epoch, None when the writer holds no lease)."""
     lease = t.lease
-    return (t.task_id, t.epoch, t.from_state.value, t.owner, t.from_phase.value,
-            t.from_cursor, t.from_version, t.expired_before,
-            lease and lease.name, lease and lease.holder, lease and lease.epoch)
+    return {"state": t.state.value, "phase": t.phase.value, "cursor": t.cursor,
+            "locked_by": t.locked_by, "complete_by": t.complete_by,
+            "available_at": t.available_at, "failure_count": t.failure_count,
+            "error": t.error, "new_epoch": t.new_epoch, "updated_at": now,
+            "version": t.version,
+            "task_id": t.task_id, "epoch": t.epoch, "from_state": t.from_state.value,
+            "owner": t.owner, "from_phase": t.from_phase.value, "from_cursor": t.from_cursor,
+            "from_version": t.from_version, "expired_before": t.expired_before,
+            "lease": lease and lease.name, "lease_holder": lease and lease.holder,
+            "lease_epoch": lease and lease.epoch}
 
 
-def implied_rows(t: Transition, now: float) -> Iterator[Row]:
+def _history(task_id: str, now: float, actor: str, epoch: int, from_state: str | None,
+             to_state: str, why: str | None, step: str | None = None,
+             phase: str | None = None) -> Row:
+    return {"task_id": task_id, "step": step, "phase": phase, "at": now, "actor": actor,
+            "epoch": epoch, "from_state": from_state, "to_state": to_state, "why": why}
+
+
+def implied_rows(t: Transition, now: float) -> Iterator[tuple[Table, Row]]:
     """The unit, history, outbox and alert rows an applied transition writes."""
     epoch = t.new_epoch
     if t.steps_from is not None:  # a migration to a shorter shape (disjoint from its units)
-        yield "drop", (t.task_id, t.steps_from)
-    yield "history", (t.task_id, None, None, now, t.actor, epoch, t.from_state.value,
-                      t.state.value, t.why)
+        yield "drop", {"task_id": t.task_id, "idx": t.steps_from}
+    yield "history", _history(t.task_id, now, t.actor, epoch, t.from_state.value,
+                              t.state.value, t.why)
     for unit in t.units:
-        result = None if unit.result is None else encode(unit.result).decode()
-        yield "step", (t.task_id, unit.phase.value, unit.index, unit.name, unit.agent,
-                       unit.state.value, unit.attempts, unit.failure_count, unit.complete_by,
-                       unit.idempotency_key, result, unit.error, int(unit.in_doubt), now)
+        yield "steps", unit_row(t.task_id, unit, now)
         if not unit.in_history:  # a step's row showing where its compensation stands
             continue
-        yield "history", (t.task_id, unit.name, unit.phase.value, now, t.actor, epoch,
-                          unit.from_state.value if unit.from_state else None,
-                          unit.state.value, None)
+        yield "history", _history(t.task_id, now, t.actor, epoch,
+                                  unit.from_state.value if unit.from_state else None,
+                                  unit.state.value, None, unit.name, unit.phase.value)
     if t.reply_to:
         for event, step in t.events:
             yield "outbox", status_row(t.reply_to, t.task_id, event, t.state, step, now,
                                        t.error)
     if t.alert:
-        yield "alert", (t.task_id, t.alert_step, t.alert_agent, now, t.alert)
+        yield "alerts", {"task_id": t.task_id, "step": t.alert_step, "agent": t.alert_agent,
+                         "at": now, "message": t.alert}
+
+
+def submission_rows(task: NewTask, now: float) -> tuple[Row, list[tuple[Table, Row]]]:
+    """A new task's row (pending, unlocked, 0 failures; E2) and the rows it implies."""
+    row = {"task_id": task.task_id, "workflow": task.workflow,
+           "input": task.input_json.decode(), "state": TaskState.PENDING.value,
+           "available_at": now, "reply_to": task.reply_to, "created_at": now,
+           "updated_at": now, "version": task.version}
+    implied: list[tuple[Table, Row]] = [
+        ("steps", unit_row(task.task_id, UnitChange(
+            index=i, phase=Phase.DO, name=name, agent=agent, idempotency_key=key,
+            state=StepState.PENDING), now))
+        for i, (name, agent, key) in enumerate(task.steps)]
+    implied.append(("history", _history(task.task_id, now, "submit", 0, None,
+                                        TaskState.PENDING.value, "submitted")))
+    if task.reply_to:
+        implied.append(("outbox", status_row(task.reply_to, task.task_id, "received",
+                                              TaskState.PENDING, None, now)))
+    return row, implied

@@ -126,7 +126,7 @@ def run_in_instance(gate: Gate, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]
 
 
 # Store verbs that are no call to the store's server: never gated.
-_LOCAL = frozenset({"now", "submit_blocking", "submit_in", "close", "name", "from_url"})
+_LOCAL = frozenset({"now", "submit_now", "submit_in", "close", "name", "from_url"})
 
 
 class GatedStore:

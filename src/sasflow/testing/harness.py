@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 from sasflow.app import App
 from sasflow.errors import ConfigurationError, UnknownTaskError, WaitTimeout
 from sasflow.model import Task
-from sasflow.store.base import Alert, HistoryEntry
 from sasflow.store.memory import MemoryStore
+from sasflow.store.records import Alert, HistoryEntry
 from sasflow.testing import failpoints
 from sasflow.testing.clock import VirtualClock, VirtualClockLoop
 from sasflow.testing.gate import Gate, GatedStore, run_in_instance

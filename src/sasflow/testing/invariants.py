@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sasflow.model import Phase, StepState, Task, TaskState, idempotency_key
-from sasflow.store.base import Alert, HistoryEntry
+from sasflow.store.records import Alert, HistoryEntry
 from sasflow.testing.remote import SimRemote
 
 __all__ = ["HOT_LOOP_PASSAGES_PER_SECOND", "Policy", "check"]

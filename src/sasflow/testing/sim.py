@@ -196,7 +196,7 @@ class _Run:
 
     def submit(self, task_id: str, workflow: str) -> None:
         new = self.app._new_task(workflow, {"n": len(self.submitted)}, task_id=task_id)
-        self.store.submit_blocking(new)  # acknowledged: from here on it must end
+        self.store.submit_now(new)  # acknowledged: from here on it must end
         self.submitted.append(task_id)
         action = self.decisions.operator_action()
         if action is not None:

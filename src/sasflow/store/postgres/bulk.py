@@ -1,0 +1,187 @@
+"""Writing to PostgreSQL: many submissions and transitions in one statement.
+
+`write_batch` applies a batch that the group commit (commit.py) gathered, as one
+statement (apply_transitions or insert_tasks, postgres/queries.sql) that applies
+the fences, writes the rows implied by what applied and NOTIFYs idle schedulers
+of work released or submitted. Each kind of row travels as ONE parameter, a JSON
+array of row arrays in the column order of columns.py (msgspec encodes it in C,
+where psycopg would adapt arrays value by value in Python). One statement is a
+transaction by itself, so most batches cost one round trip; a batch that mixes
+submissions and transitions, or holds a migration that drops step rows after
+(`needs_transaction`), runs in a transaction.
+
+Every task row a write touches gets the write's random token (`last_write`). A
+statement's answer and its commit come back together, so if the connection dies
+first the writer cannot tell whether it committed; once the database is back it
+looks for its token (`written`): found, the write committed and only its answer
+was lost; not found, nothing of it was written and it can be written again (its
+fences are checked again then). So a write is neither lost nor applied twice
+when the database restarts under it. (Asking `txid_status()` about the write's
+transaction id is not enough: after a crash PostgreSQL may hand out again the id
+of a transaction that never committed, and then says "committed" of it; the
+scenario tests caught that.)
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import psycopg
+from psycopg.rows import dict_row
+
+from sasflow.errors import TaskConflictError
+from sasflow.model import claimable
+from sasflow.store import columns, queries
+from sasflow.store.records import NewTask
+from sasflow.store.rows import Row, Table, implied_rows, submission_rows, task_values
+from sasflow.transition import Transition
+
+__all__ = ["Outcome", "Write", "insert_sync", "needs_transaction", "new_token", "write_batch",
+           "written"]
+
+Write = Transition | NewTask
+Outcome = bool | Exception  # applied / created, or why a submission was refused
+
+_Q = queries.load("postgres", "pyformat")
+_decode = msgspec.json.decode
+_encode = msgspec.json.encode
+# the parameter of a bulk statement that carries each table's implied rows
+_PARAMETER: dict[Table, str] = {"steps": "steps", "history": "history", "outbox": "outbox",
+                                "alerts": "alerts", "drop": "drops"}
+
+
+class _Rows:
+    """The rows of a batch, by bulk parameter (columns.BULK), in column order."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[list[Any]]] = {name: [] for name in columns.BULK}
+
+    def add(self, parameter: str, row: Mapping[str, Any]) -> None:
+        self.rows[parameter].append([row[name] for name in columns.BULK[parameter]])
+
+    def add_implied(self, implied: Sequence[tuple[Table, Row]]) -> None:
+        for table, row in implied:
+            self.add(_PARAMETER[table], row)
+
+    def params(self, *names: str) -> dict[str, str]:
+        return {name: _encode(self.rows[name]).decode() for name in names}
+
+
+def needs_transaction(batch: Sequence[Write]) -> bool:
+    """Whether `batch` takes more than its one statement (which is a transaction by
+    itself): when it mixes submissions and transitions, or drops step rows after."""
+    kinds = {type(write) for write in batch}
+    return len(kinds) > 1 or any(
+        write.steps_from is not None for write in batch if isinstance(write, Transition))
+
+
+def new_token() -> int:
+    """A write's name in the rows it writes (tasks.last_write)."""
+    return secrets.randbits(63)
+
+
+def _transition_row(t: Transition, now: float, token: int) -> Row:
+    # wake: when the task becomes claimable, if the transition releases it
+    wake = t.available_at if claimable(t.state, t.locked_by) else None
+    return {**task_values(t, now), "wake": wake, "token": token}
+
+
+def _identity_outcome(task: NewTask, found: Mapping[str, Any]) -> Outcome:
+    """A task id reused for other work is refused (the original stays as it was)."""
+    if found["workflow"] != task.workflow or (
+            _decode(found["input"]) != _decode(task.input_json)):
+        return TaskConflictError(f"task {task.task_id} exists with another workflow or input",
+                                 task_id=task.task_id)
+    return False
+
+
+def _submissions(tasks: Sequence[NewTask], now: float, token: int) -> dict[str, str]:
+    rows = _Rows()
+    for task in tasks:
+        row, implied = submission_rows(task, now)
+        rows.add("tasks", {**row, "last_write": token})
+        rows.add_implied(implied)
+    return rows.params("tasks", "steps", "history", "outbox")
+
+
+async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write],
+                      token: int, now: float) -> list[Outcome]:
+    """Write `batch` in the caller's transaction; what became of each write, in order.
+
+    The caller keeps one write per task in a batch; the statement locks the
+    batch's task rows in task-id order, so two batches never deadlock.
+    """
+    outcomes: list[Outcome] = [False] * len(batch)
+    index = {write.task_id: i for i, write in enumerate(batch)}
+    transitions = [t for t in batch if isinstance(t, Transition)]
+    submissions = [t for t in batch if isinstance(t, NewTask)]
+    drops = _Rows()  # what the transitions that applied drop, after
+    async with conn.cursor(row_factory=dict_row) as cur:
+        if transitions:
+            rows = _Rows()
+            implied = {t.task_id: list(implied_rows(t, now)) for t in transitions}
+            for t in transitions:
+                rows.add("transitions", _transition_row(t, now, token))
+                rows.add_implied([(table, row) for table, row in implied[t.task_id]
+                                  if table != "drop"])
+            await cur.execute(_Q["apply_transitions"], rows.params(
+                "transitions", "steps", "history", "outbox", "alerts"))
+            applied = await _answer(cur)
+            for t in transitions:
+                if t.task_id in applied:
+                    outcomes[index[t.task_id]] = True
+                    drops.add_implied([(table, row) for table, row in implied[t.task_id]
+                                       if table == "drop"])
+        if submissions:
+            await cur.execute(_Q["insert_tasks"], _submissions(submissions, now, token))
+            created = await _answer(cur)
+            existing = [task for task in submissions if task.task_id not in created]
+            for task in submissions:
+                if task.task_id in created:
+                    outcomes[index[task.task_id]] = True
+            if existing:
+                await cur.execute(_Q["select_task_identities"],
+                                  {"task_ids": [t.task_id for t in existing]})
+                found = {row["task_id"]: row for row in await cur.fetchall()}
+                for task in existing:
+                    outcomes[index[task.task_id]] = _identity_outcome(task, found[task.task_id])
+        if drops.rows["drops"]:  # rows past the new shape's end: disjoint from those written
+            await cur.execute(_Q["drop_steps"], drops.params("drops"))
+    return outcomes
+
+
+async def _answer(cur: psycopg.AsyncCursor[Any]) -> set[str]:
+    """The ids of the tasks a bulk statement wrote."""
+    row = await cur.fetchone()
+    assert row is not None
+    return set(row["written"] or ())
+
+
+async def written(conn: psycopg.AsyncConnection[Any], task_ids: Sequence[str],
+                  token: int) -> set[str]:
+    """Of these tasks, those whose last write was the one with `token`."""
+    cur = await conn.execute(_Q["select_written"], {"task_ids": list(task_ids),
+                                                    "token": token})
+    return {row["task_id"] for row in await cur.fetchall()}
+
+
+def insert_sync(conn: psycopg.Connection[Any], task: NewTask, now: float) -> bool:
+    """One submission, one statement: in the caller's transaction, or (autocommit)
+    a transaction by itself. False if the task existed."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(_Q["insert_tasks"], _submissions([task], now, new_token()))
+        row = cur.fetchone()
+        assert row is not None
+        if not row["written"]:
+            found = cur.execute(_Q["select_task_identities"],
+                                {"task_ids": [task.task_id]}).fetchone()
+            assert found is not None  # ON CONFLICT: it is there
+            outcome = _identity_outcome(task, found)
+            if isinstance(outcome, TaskConflictError):
+                raise outcome
+            return False
+    return True
+

@@ -1,0 +1,289 @@
+"""PostgreSQL's connections: the pool, its home event loop, the clock, and running a
+job on a connection through every fault that can be waited out.
+
+Faults. Serialization failures and deadlocks are retried. A lost connection is
+waited out (up to `reconnect_for` seconds, with backoff) and the job retried;
+the pool itself never gives up (R2): it is opened without waiting for the
+database, and reconnects with capped backoff for as long as it takes, whether
+the database went away at start-up or later. One line is logged when the
+database becomes unreachable, one every half minute while it stays so, and one
+when it is back (outage.py), whatever the number of callers and attempts.
+
+The clock (R1, DESIGN invariant 3): `now()` is the injected clock when there is
+one (tests), else the database's: the offset between `clock_timestamp()` and
+this process's *monotonic* clock is measured on the first connection and
+refreshed every half minute, so every host judges deadlines on the database's
+clock and a host's wall clock, however wrong, or stepped by NTP, changes nothing.
+
+The pool belongs to one event loop (its "home": the first to use the store);
+calls from another loop, such as a web application's while the roles run in a
+background thread, are handed to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from sasflow.errors import ConfigurationError, StoreError
+from sasflow.outage import Outage
+from sasflow.store import queries
+from sasflow.store.postgres import migrations
+from sasflow.store.postgres.backoff import Backoff
+
+__all__ = ["RETRIED", "Connections", "Lost"]
+
+log = logging.getLogger("sasflow.store.postgres")
+
+_T = TypeVar("_T")
+_Q = queries.load("postgres", "pyformat")
+RETRIED = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)  # 40001, 40P01
+_CONFLICT_ATTEMPTS = 5
+_CLOCK_REFRESH_S = 30.0
+_RECONNECT_FOR_S = 60.0  # how long a call waits for a lost database to come back
+# How long the pool's own reconnection attempts go on before it stops and waits
+# for a caller to ask again: psycopg_pool doubles its delay between attempts
+# without a cap, which after a long outage would mean minutes before it tried.
+_POOL_RECONNECT_S = 2.0
+# One connection attempt's limit: a host that accepts and never answers would
+# otherwise hold an attempt (and a thread, and a shutdown) forever; the attempt is
+# then retried with the others' backoff. libpq counts whole seconds, 2 at the least.
+_CONNECT_ATTEMPT_S = 10
+# libpq's words for a URL it cannot use at all ("invalid integer value "x" for
+# connection option "port"", "invalid sslmode value"), told apart from an outage
+_BAD_SETTING = re.compile(r"^connection is bad: invalid ")
+_POOL_PREFIX = "sasflow-store-"
+
+Job = Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]]
+
+
+class _QuietPools(logging.Filter):
+    """Drops psycopg_pool's line per failed connection attempt for this module's pools:
+    the store reports the outage itself, rate-limited (Outage)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (record.levelno <= logging.WARNING and any(
+            isinstance(a, str) and a.startswith(_POOL_PREFIX) for a in args))
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietPools())
+
+
+def has_jit(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> bool:
+    return conn.info.server_version >= 110000  # PostgreSQL 10 has no JIT to turn off
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Every pooled connection's session settings (queries.sql session_setup)."""
+    if has_jit(conn):
+        await conn.execute(_Q["session_setup"])
+
+
+class Lost(Exception):
+    """The connection died inside a write: whether it committed is not known yet."""
+
+
+class Connections:
+    """The pool of one store, in its home loop, and the database's clock."""
+
+    def __init__(self, conninfo: str, *, clock: Callable[[], float] | None, create: bool,
+                 pool_size: int, reconnect_for: float = _RECONNECT_FOR_S) -> None:
+        self.conninfo = conninfo
+        self.pool_size = pool_size
+        self.reconnect_for = reconnect_for
+        self._clock = clock
+        self._create = create
+        # database clock - this process's monotonic clock; until first measured, this
+        # host's wall clock stands in (Worker measures it before any role starts)
+        self._offset = time.time() - time.monotonic()
+        self._offset_at = float("-inf")  # monotonic time of the last measurement
+        self._home_lock = threading.Lock()
+        self._home: asyncio.AbstractEventLoop | None = None
+        self.pool: AsyncConnectionPool | None = None
+        self._on_new_home: Callable[[], None] = lambda: None
+        self._open_lock = asyncio.Lock()
+        self.opened = False
+        self.schema_ready = False
+        self.migrations_applied: list[str] = []  # by this process, for `sasflow db upgrade`
+        self.outage = Outage(log, "the PostgreSQL store")
+
+    def backoff(self, budget: float | None = None) -> Backoff:
+        return Backoff(self.reconnect_for if budget is None else budget, self.outage)
+
+    # ------------------------------------------------------------ clock
+    def now(self) -> float:
+        """The database's clock, read locally: monotonic time plus the measured offset."""
+        if self._clock is not None:
+            return self._clock()
+        return time.monotonic() + self._offset
+
+    def clock_is_stale(self) -> bool:
+        return self._clock is None and time.monotonic() - self._offset_at > _CLOCK_REFRESH_S
+
+    async def _refresh_clock(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        sent = time.monotonic()
+        row = await (await conn.execute(_Q["db_clock"])).fetchone()
+        assert row is not None
+        self._measured(float(row["now"]), sent, time.monotonic())
+
+    def _measured(self, db_now: float, sent: float, received: float) -> None:
+        # the server read its clock about halfway through the round trip
+        self._offset = db_now - (sent + received) / 2
+        self._offset_at = received
+
+    # ------------------------------------------------------------ home loop
+    def on_new_home(self, made: Callable[[], None]) -> None:
+        """Call `made()` whenever the pool gets a new home loop (its loop-bound parts
+        are made again there)."""
+        self._on_new_home = made
+
+    def _home_for(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+        """The loop the pool lives in; `loop` becomes it if there is none alive."""
+        with self._home_lock:
+            home = self._home
+            if home is None or home.is_closed() or (home is not loop
+                                                    and not home.is_running()):
+                # a new home: the old loop is gone, and its connections with it
+                self._home = home = loop
+                self.pool = AsyncConnectionPool(
+                    self.conninfo, min_size=0, max_size=self.pool_size, open=False,
+                    kwargs={"autocommit": True, "connect_timeout": self.connect_timeout(),
+                            "row_factory": dict_row},
+                    configure=_configure,
+                    name=f"{_POOL_PREFIX}{id(self):x}", reconnect_timeout=_POOL_RECONNECT_S)
+                self._open_lock = asyncio.Lock()
+                self.opened = False
+                self._on_new_home()
+            return home
+
+    async def at_home(self, make: Callable[[], Awaitable[_T]]) -> _T:
+        """Run `make()` in the pool's home loop, from whichever loop calls."""
+        loop = asyncio.get_running_loop()
+        home = self._home_for(loop)
+        if home is loop:
+            return await make()
+
+        async def there() -> _T:
+            return await make()
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(there(), home))
+
+    # ------------------------------------------------------------ connections
+    def connect_timeout(self) -> int:
+        """Seconds one connection attempt may take (within what the caller waits)."""
+        return max(2, int(min(self.reconnect_for, _CONNECT_ATTEMPT_S)))
+
+    async def open(self, backoff: Backoff) -> AsyncConnectionPool:
+        """Open the pool (it connects in the background) and check the schema once.
+
+        The pool is never closed for want of a database: waiting for it here is
+        the caller's `backoff`, and the next call waits again (R2).
+        """
+        pool = self.pool
+        assert pool is not None
+        async with self._open_lock:
+            if self.opened:
+                return pool
+            await pool.open(wait=False)
+            while not self.schema_ready:  # checked before any use
+                try:
+                    await asyncio.to_thread(self.ensure_schema)
+                except StoreError as error:
+                    if isinstance(error.__cause__, psycopg.OperationalError):
+                        await backoff.wait(error.__cause__)
+                        continue
+                    await self._discard(pool)  # not an outage: the schema is behind,
+                    raise  # or a bad password
+                except ConfigurationError:
+                    await self._discard(pool)
+                    raise
+            self.outage.recovered()
+            self.opened = True
+        return pool
+
+    async def _discard(self, pool: AsyncConnectionPool) -> None:
+        """Close a pool whose connecting would never succeed (its workers would retry
+        for ever, holding up the loop's end); the next call makes a new one."""
+        await pool.close()
+        with self._home_lock:
+            self._home = None
+
+    def ensure_schema(self) -> None:
+        """Check (or bring up to date) the schema, on a connection of its own."""
+        try:
+            with psycopg.connect(self.conninfo, connect_timeout=self.connect_timeout()) as conn:
+                self.migrations_applied += migrations.migrate(conn, self._create)
+        except psycopg.OperationalError as error:
+            if _BAD_SETTING.search(str(error)):  # no server will ever accept it: say so now
+                raise ConfigurationError(f"bad PostgreSQL URL: {error}") from error
+            raise StoreError(f"cannot reach the PostgreSQL store: {error}") from error
+        except pg_errors.InsufficientPrivilege as error:
+            raise StoreError("the PostgreSQL store's sasflow schema is missing or behind and"
+                             " this role may not create it: run `sasflow db upgrade` as the"
+                             f" schema's owner ({error})") from error
+        self.schema_ready = True
+
+    async def run(self, job: Job[_T], *, transaction: bool = True,
+                  lost: Literal["retry", "raise"] = "retry",
+                  backoff: Backoff | None = None) -> _T:
+        """Run `job` (in the home loop), retrying what may be retried.
+
+        With `transaction`, in one transaction; without, each statement is a
+        transaction by itself (reads, and writes of one statement: no BEGIN or
+        COMMIT round trips). Again after a conflict (40001, 40P01). After a lost
+        connection, with `lost="retry"` (reads and writes safe to repeat) again
+        once the database is back, for up to `reconnect_for` seconds; with
+        `lost="raise"` the caller, who knows how to find out what committed, gets
+        `Lost`. Waiting for a connection counts against the same budget
+        (`backoff`, the caller's if it has one).
+        """
+        backoff = backoff or self.backoff()
+        pool = await self.open(backoff) if not self.opened else self.pool
+        assert pool is not None
+        conflicts = 0
+        while True:
+            try:
+                async with pool.connection(timeout=backoff.patience()) as conn:
+                    self.outage.recovered()
+                    if self.clock_is_stale():
+                        await self._refresh_clock(conn)
+                    if not transaction:
+                        return await job(conn)
+                    # pipeline mode: BEGIN goes with the first statement and COMMIT
+                    # with the last, instead of a round trip each
+                    async with conn.pipeline(), conn.transaction():
+                        return await job(conn)
+            except RETRIED as error:
+                conflicts += 1
+                if conflicts == _CONFLICT_ATTEMPTS:
+                    raise StoreError(f"the PostgreSQL store kept conflicting: {error}"
+                                     ) from error
+                await asyncio.sleep(random.uniform(0.001, 0.01) * 2 ** conflicts)
+            except psycopg.OperationalError as error:
+                # the pool replaces a broken connection when it is given back
+                if lost == "raise":
+                    raise Lost(str(error)) from error
+                await backoff.wait(error)
+
+    async def close(self) -> None:
+        with self._home_lock:
+            home, pool = self._home, self.pool
+            self._home = self.pool = None
+            self.opened = False
+        if pool is not None and not pool.closed and home is not None and not home.is_closed():
+            if home is asyncio.get_running_loop():
+                await pool.close()
+            elif home.is_running():
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(pool.close(), home))

@@ -1,0 +1,182 @@
+-- PostgreSQL's own statements (queries.py): lists are arrays (`= ANY(:ids)`), a NULL
+-- parameter gets an explicit type, `IS NOT DISTINCT FROM` stands for SQLite's `IS`,
+-- and claims skip the rows another scheduler is claiming (`FOR UPDATE SKIP LOCKED`).
+-- Writes come in batches (group commit), so they are bulk statements whose rows
+-- travel as JSON ({transitions_rows}, {steps_rows}...: postgres/bulk.py).
+
+-- fragment: steps
+-- A task's unit rows as one JSON array of arrays (columns.STEP but task_id, in
+-- order), so a task and its steps come in one statement from one snapshot.
+, (SELECT json_agg(json_build_array({step_json}) ORDER BY s.phase, s.idx)::text
+   FROM steps s WHERE s.task_id = tasks.task_id) AS steps
+
+-- name: session_setup
+-- The store's sessions run short statements whose plans are cached (prepared). A
+-- cached generic plan can be estimated costly enough to be compiled by the JIT,
+-- which takes ~150 ms each time, for a query that runs in a tenth of a millisecond
+-- (the supervisor's sweep did, under load): never worth it here.
+SET jit = off
+
+-- name: db_clock
+SELECT extract(epoch FROM clock_timestamp())::double precision AS now
+
+-- name: listen_work
+-- Idle schedulers LISTEN here; the payload is when the work becomes claimable.
+-- NOTIFY is transactional: it is delivered at commit, and not at all on rollback.
+LISTEN sasflow_work
+
+-- name: select_task_identities
+SELECT task_id, workflow, input FROM tasks WHERE task_id = ANY(:task_ids)
+
+-- name: select_written
+-- Which of these tasks a write with this token wrote last (tasks.last_write): how a
+-- writer whose connection died before the answer came learns whether it committed.
+SELECT task_id FROM tasks WHERE task_id = ANY(:task_ids) AND last_write = :token
+
+-- name: select_tasks
+SELECT {task_columns}{steps} FROM tasks WHERE task_id = ANY(:task_ids)
+
+-- name: select_expired_of
+-- The supervisor's, per workflow it knows (R4): ordered range scans of the partial
+-- index tasks_expiring, each workflow's earliest first; merged in the query.
+SELECT e.* FROM unnest(:workflows::text[]) AS w(name), LATERAL (
+    SELECT {task_columns}{steps} FROM tasks
+    WHERE workflow = w.name AND locked_by IS NOT NULL AND complete_by < :now
+    ORDER BY complete_by LIMIT :limit) AS e
+ORDER BY e.complete_by LIMIT :limit
+
+-- name: next_expiry_of
+SELECT MIN(e.due) AS due FROM unnest(:workflows::text[]) AS w(name), LATERAL (
+    SELECT MIN(complete_by) AS due FROM tasks
+    WHERE workflow = w.name AND locked_by IS NOT NULL) AS e
+
+-- name: select_orphaned
+-- Tasks still locked by an instance that is gone (as SQLite's select_orphaned, which
+-- says why), with their steps.
+SELECT {task_columns}{steps} FROM tasks
+WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
+  AND EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = tasks.locked_by
+              AND (i.stopped_at IS NOT NULL OR i.beat_at + i.lease < :now
+                   OR tasks.updated_at < i.started_at - 1.0))
+  AND (:workflows::text[] IS NULL OR workflow = ANY(:workflows::text[]))
+ORDER BY complete_by LIMIT :limit
+
+-- name: select_claimable
+-- One workflow version at a time: an ordered range scan of the partial index
+-- tasks_claimable; only the versions this scheduler declares (R4, M4).
+-- SKIP LOCKED: rows another scheduler is claiming right now are passed over, not
+-- waited for, so concurrent claims take disjoint tasks without blocking (M1).
+SELECT {task_columns} FROM tasks
+WHERE workflow = :workflow AND version = :version AND available_at <= :now
+  AND {claimable}
+ORDER BY available_at LIMIT :limit
+FOR UPDATE SKIP LOCKED
+
+-- name: select_steps
+SELECT {step_columns} FROM steps WHERE task_id = ANY(:task_ids) ORDER BY task_id, phase, idx
+
+-- name: lease_outbox
+UPDATE outbox SET leased_until = :until
+WHERE id IN (SELECT id FROM outbox
+             WHERE leased_until < :now
+               AND (:queues::text[] IS NULL OR queue = ANY(:queues::text[]))
+             ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED)
+RETURNING id, queue, body
+
+-- name: delete_outbox
+DELETE FROM outbox WHERE id = ANY(:ids)
+
+-- name: migration_lock
+-- Migrations: serialised across processes by a transaction-level advisory lock.
+SELECT pg_advisory_xact_lock(hashtext('sasflow.schema_migrations'))
+
+-- name: create_migrations
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version text PRIMARY KEY, applied_at double precision NOT NULL)
+
+-- name: schema_migrations_exists
+SELECT to_regclass('schema_migrations') IS NOT NULL AS found
+
+-- name: apply_transitions
+-- A batch of transitions in ONE statement (its parameters: the transitions, then the
+-- step, history, outbox and alert rows they imply, each as JSON):
+-- - `locked`: the batch's task rows, locked in task-id order first, so every batch
+--   of every process waits for rows in the same order (no deadlock);
+-- - `applied`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
+--   epoch, state, owner, unit (phase, cursor) and version as when read, and
+--   (supervisor) a complete-by that has passed and the lease still held with its
+--   epoch; a task not in it is left exactly as it was;
+-- - the implied rows are written for the applied transitions only: each unit's row
+--   with the values the transition carries (rows.implied_rows);
+-- - idle schedulers are told (NOTIFY) when an applied transition released work.
+-- A batch holds one transition per task, so no step row comes twice (which
+-- ON CONFLICT DO UPDATE refuses). One statement is one transaction: it needs no
+-- BEGIN or COMMIT. Answers the ids of the tasks it applied to.
+WITH v AS ({transitions_rows}),
+locked AS (SELECT task_id FROM tasks WHERE task_id IN (SELECT task_id FROM v)
+           ORDER BY task_id FOR UPDATE),
+applied AS (
+    UPDATE tasks t SET state = v.state, phase = v.phase, cursor = v.cursor,
+           locked_by = v.locked_by, complete_by = v.complete_by,
+           available_at = v.available_at, failure_count = v.failure_count, error = v.error,
+           epoch = v.new_epoch, updated_at = v.updated_at, last_write = v.token,
+           version = v.version
+    FROM v JOIN locked USING (task_id)
+    WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
+      AND t.locked_by IS NOT DISTINCT FROM v.owner
+      AND t.phase = v.from_phase AND t.cursor = v.from_cursor
+      AND t.version IS NOT DISTINCT FROM v.from_version
+      AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
+      AND (v.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.name = v.lease
+                                      AND l.holder = v.lease_holder AND l.epoch = v.lease_epoch))
+    RETURNING t.task_id),
+wrote_steps AS (
+    INSERT INTO steps ({step_columns})
+    SELECT * FROM ({steps_rows}) s WHERE s.task_id IN (SELECT task_id FROM applied)
+    ON CONFLICT (task_id, phase, idx) DO UPDATE SET {step_updates}),
+wrote_history AS (
+    INSERT INTO history ({history_columns})
+    SELECT * FROM ({history_rows}) h WHERE h.task_id IN (SELECT task_id FROM applied)),
+wrote_outbox AS (
+    INSERT INTO outbox (queue, body, created_at)
+    SELECT queue, body, created_at FROM ({outbox_rows}) o
+    WHERE o.task_id IN (SELECT task_id FROM applied)),
+wrote_alerts AS (
+    INSERT INTO alerts ({alert_columns})
+    SELECT * FROM ({alerts_rows}) a WHERE a.task_id IN (SELECT task_id FROM applied))
+SELECT array_agg(a.task_id) AS written,
+       (SELECT pg_notify('sasflow_work', min(v.wake)::text)::text
+        FROM v WHERE v.wake IS NOT NULL AND v.task_id IN (SELECT task_id FROM applied)
+        HAVING count(*) > 0) AS notified
+FROM applied a
+
+-- name: insert_tasks
+-- A batch of submissions in one statement (parameters: the tasks, their steps,
+-- history and outbox rows); the rows of a task that existed already are not
+-- written; idle schedulers are told if any was created. Answers the ids of the
+-- tasks created.
+WITH created AS (
+    INSERT INTO tasks ({new_task_columns})
+    {tasks_rows}
+    ON CONFLICT (task_id) DO NOTHING
+    RETURNING task_id, available_at),
+wrote_steps AS (
+    INSERT INTO steps ({step_columns})
+    SELECT * FROM ({steps_rows}) s WHERE s.task_id IN (SELECT task_id FROM created)),
+wrote_history AS (
+    INSERT INTO history ({history_columns})
+    SELECT * FROM ({history_rows}) h WHERE h.task_id IN (SELECT task_id FROM created)),
+wrote_outbox AS (
+    INSERT INTO outbox (queue, body, created_at)
+    SELECT queue, body, created_at FROM ({outbox_rows}) o
+    WHERE o.task_id IN (SELECT task_id FROM created))
+SELECT array_agg(task_id) AS written,
+       CASE WHEN count(*) > 0
+            THEN pg_notify('sasflow_work', min(available_at)::text)::text END AS notified
+FROM created
+
+-- name: drop_steps
+-- What a rare transition also needs, once it is known that it applied: a migration
+-- to a shorter shape drops the step rows past its end (plan.Plan.migrate).
+DELETE FROM steps s USING ({drops_rows}) AS v
+WHERE s.task_id = v.task_id AND s.phase = 'do' AND s.idx >= v.idx

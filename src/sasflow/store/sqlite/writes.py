@@ -1,0 +1,84 @@
+"""SQLite's writes, inside the writer's transaction (writer.py): a submission, and
+a fenced transition with the rows it implies.
+
+Only the fenced task update must run at once (its row count says whether the
+transition applies); the rows that follow from it are deferred to the end of the
+group commit and written in bulk, one `executemany` per table.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import msgspec
+
+from sasflow.errors import TaskConflictError
+from sasflow.store import queries
+from sasflow.store.records import NewTask
+from sasflow.store.rows import Row, Table, check_legal, implied_rows, submission_rows, task_values
+from sasflow.transition import Transition
+
+__all__ = ["Deferred", "apply", "insert", "statements"]
+
+_Q = queries.load("sqlite", "named")
+_decode = msgspec.json.decode
+# the statement that writes each table's implied rows
+_WRITES: dict[Table, str] = {
+    "steps": _Q["upsert_step"], "history": _Q["insert_history"],
+    "outbox": _Q["insert_outbox"], "alerts": _Q["insert_alert"], "drop": _Q["drop_steps"]}
+
+
+def statements() -> dict[str, str]:
+    """SQLite's statements by name."""
+    return _Q
+
+
+class Deferred:
+    """Implied rows of the current group commit, written in bulk before it commits,
+    or before the next job that reads steps (a claim), which flushes first."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[Row]] = {}
+
+    def add(self, table: Table, row: Row) -> None:
+        self.rows.setdefault(_WRITES[table], []).append(row)
+
+    def flush(self, conn: sqlite3.Connection) -> None:
+        # dicts keep insertion order: statements run in the order first used
+        rows, self.rows = self.rows, {}
+        for statement, values in rows.items():
+            conn.executemany(statement, values)
+
+    def clear(self) -> None:
+        self.rows = {}
+
+
+def apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: Deferred) -> bool:
+    """Apply one fenced transition inside the writer's transaction."""
+    check_legal(t)
+    if not conn.execute(_Q["apply_transition"], task_values(t, now)).rowcount:
+        return False
+    for table, row in implied_rows(t, now):
+        deferred.add(table, row)
+    return True
+
+
+def insert(conn: sqlite3.Connection, task: NewTask, now: float) -> bool:
+    """Write a new task and its rows; False if it exists (TaskConflictError if it exists
+    with another workflow or input: the original stays as it was)."""
+    row, implied = submission_rows(task, now)
+    if not conn.execute(_Q["insert_task"], row).rowcount:
+        found: Any = conn.execute(_Q["select_task_identity"], {"task_id": task.task_id}
+                                  ).fetchone()
+        if found is not None and (found["workflow"] != task.workflow
+                                  or _decode(found["input"]) != _decode(task.input_json)):
+            raise TaskConflictError(f"task {task.task_id} exists with another workflow or input",
+                                    task_id=task.task_id)
+        return False
+    by_table: dict[Table, list[Row]] = {}
+    for table, values in implied:
+        by_table.setdefault(table, []).append(values)
+    for table, rows in by_table.items():
+        conn.executemany(_WRITES[table], rows)
+    return True
