@@ -1,7 +1,7 @@
 """The one shape of every state change: a fenced, all-or-nothing Transition.
 
 Schedulers, supervisors and operators compute Transitions with the pure planner
-(plan.py); stores apply them as a single conditional write. A Transition applies
+(sasflow.plan); stores apply them as a single conditional write. A Transition applies
 only if the task still has the epoch, state, owner and position (phase and
 cursor) it was computed from (the fence, DESIGN invariants 2 and 4); otherwise
 nothing at all is written.

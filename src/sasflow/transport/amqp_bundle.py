@@ -15,7 +15,7 @@ application's status queue gets one plain message per status, readable by any
 AMQP client.
 
 On the consuming side a bundle's messages are handled one by one, as if each
-had come alone (transport.amqp), and the bundle is acked when all are done.
+had come alone (transport.amqp_consume), and the bundle is acked when all are done.
 """
 
 from __future__ import annotations

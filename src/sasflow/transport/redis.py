@@ -11,6 +11,14 @@ periodically takes over entries idle longer than the visibility timeout with
 ``XAUTOCLAIM``, and keeps its own in-flight entries fresh with ``XCLAIM`` so a
 slow handler is not mistaken for a dead one.
 
+This module is the transport itself: its URL, its publishes, its operator's
+verbs. Its parts have a module each:
+
+- redis_connection.py: the connection pools, and a lost connection waited out;
+- redis_batch.py: many concurrent publishes and acks in one round trip;
+- redis_consume.py: a consumer, from its reads to what it hands back as it stops;
+- redis_dead_letters.py: the count of failed deliveries and the dead letters (R3).
+
 Under load (a scheduler driving hundreds of tasks at once) ``publish`` and the
 acks are called concurrently hundreds of times. Sending each on its own pooled
 connection would take hundreds of connections, and a bounded pool refuses the
@@ -47,120 +55,43 @@ built in (``redis.asyncio``), with connection pools and TLS; no second library.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import logging
 import os
-import random
 import socket
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 
 from sasflow.errors import ConfigurationError, TransportError
 from sasflow.outage import Outage
 from sasflow.redact import redact
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
-from sasflow.transport.dead_letter import (
-    DeadLetter,
-    MalformedMessage,
-    describe,
-    log_dead_letter,
-    policy_from_query,
-)
+from sasflow.transport.dead_letter import DeadLetter, policy_from_query
 from sasflow.transport.redis_batch import AutoPipeline
+from sasflow.transport.redis_connection import MAX_CONNECTIONS as MAX_CONNECTIONS
+from sasflow.transport.redis_connection import PATIENCE as PATIENCE
+from sasflow.transport.redis_connection import POOL_TIMEOUT as POOL_TIMEOUT
+from sasflow.transport.redis_connection import open_pools, retrying
+from sasflow.transport.redis_consume import GROUP as GROUP
+from sasflow.transport.redis_consume import LEAVE, REQUEUE, RETRY, StreamConsumer
+from sasflow.transport.redis_dead_letters import BURY, PURGE, letter, text
+from sasflow.transport.redis_dead_letters import DEAD_LETTERS as DEAD_LETTERS
+from sasflow.transport.redis_dead_letters import DELIVERIES as DELIVERIES
+from sasflow.transport.redis_dead_letters import FIELD as FIELD
+from sasflow.transport.redis_dead_letters import FIRST_SEEN as FIRST_SEEN
 
 __all__ = ["RedisTransport"]
+# (GROUP, FIELD, MAX_CONNECTIONS and the other names imported `as` themselves are this
+# module's from before its parts had modules of their own: still importable from here.)
 
 log = logging.getLogger(__name__)
 
-GROUP = "sasflow"
-FIELD = b"body"
-# an entry sent again after failing: its failed deliveries so far, and the first one's time
-DELIVERIES = b"deliveries"
-FIRST_SEEN = b"first_seen"
-DEAD_LETTERS = "sasflow.dead-letters"
-_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 _T = TypeVar("_T")
-MAX_CONNECTIONS = 16  # per transport; publishes and acks, pipelined, use two of them at most
-POOL_TIMEOUT = 10.0  # seconds waiting for a free pooled connection before it counts as lost
-# How long a publish or an ack keeps retrying a lost connection (as RabbitMQ's publish).
-PATIENCE = 15.0
-
-# Put entries back: re-add each one still pending (XACK says so, so an entry
-# another consumer already acked is never duplicated) and drop the original.
-_REQUEUE = """
-local n = 0
-for i = 2, #ARGV do
-  local id = ARGV[i]
-  if redis.call('XACK', KEYS[1], ARGV[1], id) == 1 then
-    local e = redis.call('XRANGE', KEYS[1], id, id)
-    if #e == 1 then
-      redis.call('XADD', KEYS[1], '*', unpack(e[1][2]))
-      n = n + 1
-    end
-    redis.call('XDEL', KEYS[1], id)
-  end
-end
-return n
-"""
-
-# Send again an entry whose handler failed: re-add its body with its count of
-# failed deliveries, drop the original (only if still pending, as above).
-_RETRY = """
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  redis.call('XADD', KEYS[1], '*', 'body', ARGV[3], 'deliveries', ARGV[4], 'first_seen', ARGV[5])
-  redis.call('XDEL', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-# Move an entry to the dead-letter stream (KEYS[2]) with its reason; its new id.
-_BURY = """
-if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  local id = redis.call('XADD', KEYS[2], '*', 'queue', ARGV[3], 'reason', ARGV[4],
-    'deliveries', ARGV[5], 'first_seen', ARGV[6], 'at', ARGV[7], 'body', ARGV[8])
-  redis.call('XDEL', KEYS[1], ARGV[2])
-  return id
-end
-return false
-"""
-
-# Forget the dead letters; how many there were (a script: atomic, and no MULTI
-# for the ACL of docs/deploy.md to grant).
-_PURGE = """
-local n = redis.call('XLEN', KEYS[1])
-redis.call('DEL', KEYS[1])
-return n
-"""
-
-# A consumer leaving: forget it if it holds nothing, and delete the stream when
-# it is empty and nobody else consumes it (per-instance reply queues would pile
-# up otherwise). Atomic, so a message published meanwhile is never dropped.
-_LEAVE = """
-if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return 0 end
-redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
-if redis.call('XLEN', KEYS[1]) > 0 then return 0 end
-local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
-if #groups ~= 1 then return 0 end
-local g = groups[1]
-for i = 1, #g, 2 do
-  if (g[i] == 'consumers' or g[i] == 'pending') and g[i + 1] ~= 0 then return 0 end
-end
-redis.call('DEL', KEYS[1])
-return 1
-"""
 
 
 def _options(url: str) -> tuple[str, dict[str, str]]:
@@ -197,25 +128,14 @@ class RedisTransport:
         self.dead_letter_key = self._key(options.get("dead_letters", DEAD_LETTERS))
         self.max_message_bytes = max_message_bytes
         self.block_seconds = block_seconds
-        # No retries inside redis-py: this module retries itself, so that a lost
-        # connection is seen and the entries it may have delivered are recovered.
-        settings: dict[str, Any] = dict(
-            retry=Retry(NoBackoff(), 0), socket_connect_timeout=5.0,
-            # bounds every read, so a half-dead connection is noticed and replaced
-            socket_timeout=block_seconds + 10.0)
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT, **settings)
+        pool, self._readers = open_pools(redis_url, block_seconds)
         self._redis: aioredis.Redis = aioredis.Redis.from_pool(pool)
-        # one connection per consumer, held while it lives: bounded by the consumers
-        self._readers = aioredis.ConnectionPool(
-            connection_class=pool.connection_class, max_connections=2**31,
-            **pool.connection_kwargs)
         self._batch = AutoPipeline(pool)
-        self._requeue = self._redis.register_script(_REQUEUE)
-        self._retry = self._redis.register_script(_RETRY)
-        self._bury = self._redis.register_script(_BURY)
-        self._purge = self._redis.register_script(_PURGE)
-        self._leave = self._redis.register_script(_LEAVE)
+        self._requeue = self._redis.register_script(REQUEUE)
+        self._retry = self._redis.register_script(RETRY)
+        self._bury = self._redis.register_script(BURY)
+        self._purge = self._redis.register_script(PURGE)
+        self._leave = self._redis.register_script(LEAVE)
         self._instance = f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self._calls = itertools.count(1)
         self._consumed: dict[str, int] = {}  # consumers running in this process, by queue
@@ -227,20 +147,9 @@ class RedisTransport:
 
     async def _retrying(self, op: Callable[[], Awaitable[_T]], what: str,
                         patience: float = PATIENCE) -> _T:
-        """Run `op`, retrying a lost connection with capped, jittered backoff for up to
-        `patience` seconds (a restarted Redis is back within it), quietly: the
-        consumers' Outage says the connection is lost, once."""
-        give_up = time.monotonic() + patience
-        for attempt in itertools.count(1):
-            try:
-                return await op()
-            except _LOST as exc:
-                pause = _backoff(attempt)
-                if time.monotonic() + pause > give_up:
-                    raise TransportError(f"redis unreachable while {what}: {exc}") from exc
-                log.debug("redis unreachable while %s (%s); retrying", what, exc)
-                await asyncio.sleep(pause)
-        raise AssertionError("unreachable")
+        """Run `op`, retrying a lost connection for up to `patience` seconds
+        (redis_connection.retrying)."""
+        return await retrying(op, what, patience)
 
     async def publish(self, queue: str, body: bytes) -> None:
         if len(body) > self.max_message_bytes:
@@ -255,175 +164,15 @@ class RedisTransport:
         except RedisError as exc:
             raise TransportError(f"cannot publish to {queue}: {exc}") from exc
 
-    async def _join_group(self, key: str, consumer: str) -> None:
-        try:
-            # id 0: messages published before the first consumer are delivered too
-            await self._redis.xgroup_create(key, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        # registered now, not at its first delivery, so that a consumer leaving
-        # sees this one and keeps the stream
-        await self._redis.xgroup_createconsumer(key, GROUP, consumer)
-
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> None:
-        key = self._key(queue)
         consumer = f"{self._instance}.{next(self._calls)}"
-        slots = max(1, prefetch)
-        running: dict[bytes, asyncio.Task[None]] = {}
-        room = asyncio.Event()
-        # its own connection: a blocked XREADGROUP must not hold a pooled one
-        reader = aioredis.Redis(connection_pool=self._readers, single_connection_client=True)
-        loop = asyncio.get_running_loop()
-
-        async def handle(entry_id: bytes, fields: dict[bytes, bytes], delivered: int) -> None:
-            try:
-                try:
-                    if FIELD not in fields:
-                        raise MalformedMessage(f"a stream entry without a {FIELD!r} field")
-                    await handler(fields[FIELD])
-                except Exception as error:
-                    # this delivery and those before it (counted in the entry, then by Redis)
-                    deliveries = _int(fields.get(DELIVERIES)) + delivered
-                    await self._after_failure(queue, key, entry_id, fields, deliveries, error)
-                else:
-                    await self._retrying(lambda: self._ack(key, entry_id),
-                                         f"acking a message of {queue}")
-            except (TransportError, RedisError) as exc:
-                # left pending: recovered after the visibility timeout
-                log.warning("could not settle a message of %s: %s", queue, exc)
-            finally:
-                running.pop(entry_id, None)
-                room.set()
-
-        async def start(entries: list[tuple[bytes, dict[bytes, bytes] | None]], *,
-                        first: bool) -> None:
-            """Handle `entries`; unless this is their `first` delivery, ask Redis how
-            many times each was delivered (it counts each takeover of a dead consumer's)."""
-            fresh = [(i, f) for i, f in entries if i not in running and f is not None]
-            counts = [1] * len(fresh) if first else await asyncio.gather(
-                *(self._times_delivered(key, i) for i, _ in fresh))
-            for (entry_id, fields), delivered in zip(fresh, counts, strict=True):
-                assert fields is not None
-                running[entry_id] = asyncio.ensure_future(handle(entry_id, fields, delivered))
-
-        self._consumed[queue] = self._consumed.get(queue, 0) + 1
-        interval = max(0.05, self.visibility_timeout / 3)
-        next_sweep, failures, recover = 0.0, 0, False
-        beat = asyncio.ensure_future(self._heartbeat(key, consumer, running, interval))
-        try:
-            while True:
-                _raise_if_cancelled()
-                while len(running) >= slots:
-                    room.clear()
-                    await room.wait()
-                free = slots - len(running)
-                try:
-                    if failures or next_sweep == 0.0:
-                        await self._join_group(key, consumer)
-                    if recover:
-                        # what this consumer was handed but may never have received
-                        # (its history includes the entries being handled: skipped)
-                        held = _entries(await reader.xreadgroup(
-                            GROUP, consumer, {key: "0"}, count=free + len(running)))
-                        gone = [i for i, fields in held if not fields]
-                        if gone:  # deleted meanwhile: nothing left to deliver
-                            await self._redis.xack(key, GROUP, *gone)
-                        await start(held, first=False)
-                        recover = False
-                        failures = 0
-                        continue
-                    if loop.time() >= next_sweep:
-                        next_sweep = loop.time() + interval
-                        claimed = await self._redis.xautoclaim(
-                            key, GROUP, consumer, int(self.visibility_timeout * 1000),
-                            count=free)
-                        await start([(i, f) for i, f in claimed[1]], first=False)
-                        if len(running) >= slots:
-                            continue
-                        free = slots - len(running)
-                    entries = _entries(await self._blocking_read(
-                        reader.xreadgroup(GROUP, consumer, {key: ">"}, count=free,
-                                          block=max(1, int(1000 * min(
-                                              self.block_seconds, next_sweep - loop.time()))))))
-                    failures = 0
-                    self._outage.recovered(by=consumer)
-                    await start(entries, first=True)
-                except _LOST as exc:
-                    _raise_if_cancelled()  # being stopped: not a reason to reconnect
-                    failures += 1
-                    recover = True
-                    self._outage.failed(exc, by=consumer)
-                    await asyncio.sleep(_backoff(failures))
-                except ResponseError as exc:
-                    if "NOGROUP" not in str(exc) and "UNBLOCKED" not in str(exc):
-                        raise TransportError(f"cannot consume {queue}: {exc}") from exc
-                    # the stream was deleted or Redis restarted empty: join again
-                    failures += 1
-                    await asyncio.sleep(_backoff(failures))
-        finally:
-            self._consumed[queue] -= 1
-            self._outage.left(consumer)
-            for task in [beat, *running.values()]:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(beat, *running.values(), return_exceptions=True)
-            await self._leave_group(key, consumer)
-            with contextlib.suppress(RedisError, OSError):
-                async with asyncio.timeout(self.block_seconds):
-                    await reader.aclose()
-
-    async def _blocking_read(self, read: Awaitable[Any]) -> Any:
-        """Await a blocking XREADGROUP, but let a cancelled consumer stop at once.
-
-        A blocked read interrupted by cancellation does not always give up its
-        connection promptly, so it runs as its own task; whatever it may still
-        have been handed stays pending for this consumer and is put back when
-        the consumer leaves (or taken over after the visibility timeout).
-        """
-        task = asyncio.ensure_future(read)
-        task.add_done_callback(_retrieve)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.cancel()
-            await asyncio.wait([task], timeout=self.block_seconds)
-            raise
-
-    async def _times_delivered(self, key: str, entry_id: bytes) -> int:
-        pending = await self._redis.xpending_range(key, GROUP, entry_id, entry_id, 1)
-        return int(pending[0]["times_delivered"]) if pending else 1
-
-    async def _after_failure(self, queue: str, key: str, entry_id: bytes,
-                             fields: dict[bytes, bytes], deliveries: int,
-                             error: Exception) -> None:
-        """Send an entry that failed its `deliveries`-th delivery again after the backoff,
-        or to the dead-letter stream (R3)."""
-        now = time.time()
-        first_seen = _float(fields.get(FIRST_SEEN)) or now
-        if isinstance(error, MalformedMessage) or self.policy.exhausted(deliveries):
-            body = fields.get(FIELD, repr(fields).encode())
-            reason = describe(error)
-            letter_id = await self._retrying(lambda: self._bury(
-                keys=[key, self.dead_letter_key],
-                args=[GROUP, entry_id, queue, reason, deliveries, repr(first_seen), repr(now),
-                      body]), f"dead-lettering a message of {queue}")
-            if letter_id is not None:  # else another consumer had settled it
-                log_dead_letter(log, DeadLetter(
-                    id=_text(letter_id), queue=queue, reason=reason, deliveries=deliveries,
-                    first_seen=first_seen, at=now, body=body))
-            return
-        log.debug("handler for %s raised; delivering again", queue, exc_info=True)
-        # pending and kept fresh meanwhile, so a crash now loses nothing
-        await asyncio.sleep(self.policy.delay(deliveries))
-        await self._retrying(lambda: self._retry(
-            keys=[key], args=[GROUP, entry_id, fields[FIELD], deliveries, repr(first_seen)]),
-            f"delivering again a message of {queue}")
+        await StreamConsumer(self, queue, handler, prefetch=prefetch, name=consumer,
+                             consumed=self._consumed).run()
 
     # ------------------------------------------------------------ dead letters (R3)
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         entries: Any = await self._reading(lambda: self._xrange("-", "+", limit))
-        return [_letter(i, f) for i, f in entries]
+        return [letter(i, f) for i, f in entries]
 
     async def dead_letter(self, letter_id: str) -> DeadLetter | None:
         try:
@@ -433,7 +182,7 @@ class RedisTransport:
                 return None  # not an id this stream could have given
             raise
         # Redis reads "5-00" as "5-0": only the id as it gave it names the letter
-        return _letter(*entries[0]) if entries and _text(entries[0][0]) == letter_id else None
+        return letter(*entries[0]) if entries and text(entries[0][0]) == letter_id else None
 
     async def purge_dead_letters(self) -> int:
         count = await self._reading(lambda: self._purge(keys=[self.dead_letter_key]))
@@ -451,34 +200,6 @@ class RedisTransport:
     async def _ack(self, key: str, entry_id: bytes) -> None:
         await self._batch.ack(key, GROUP, entry_id)
 
-    async def _heartbeat(self, key: str, consumer: str,
-                         running: dict[bytes, asyncio.Task[None]], interval: float) -> None:
-        """Keep resetting the idle time of entries being handled, so a slow handler
-        is not mistaken for a dead consumer and its entries taken over."""
-        while True:
-            await asyncio.sleep(interval)
-            _raise_if_cancelled()
-            if running:
-                claim: list[Any] = list(running)
-                with contextlib.suppress(*_LOST, ResponseError):
-                    await self._redis.xclaim(key, GROUP, consumer, 0, claim, justid=True)
-
-    async def _leave_group(self, key: str, consumer: str) -> None:
-        """Put back whatever this consumer still holds, then leave the group."""
-        try:
-            pending = await self._retrying(
-                lambda: self._redis.xpending_range(key, GROUP, "-", "+", 10_000, consumer),
-                "leaving the consumer group", patience=1.0)
-            ids = [p["message_id"] for p in pending]
-            if ids:
-                await self._retrying(lambda: self._requeue(keys=[key], args=[GROUP, *ids]),
-                                     "putting back messages", patience=1.0)
-            await self._retrying(lambda: self._leave(keys=[key], args=[GROUP, consumer]),
-                                 "leaving the consumer group", patience=1.0)
-        except (TransportError, RedisError) as exc:
-            # held entries stay pending and are taken over after the visibility timeout
-            log.warning("could not leave the consumer group of %s cleanly: %s", key, exc)
-
     async def ping(self) -> None:
         try:
             await self._redis.ping()
@@ -489,56 +210,3 @@ class RedisTransport:
         await self._batch.drain()
         await self._redis.aclose()
         await self._readers.disconnect()
-
-
-def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
-    """The entries of an XREADGROUP reply on one stream (RESP2 list or RESP3 dict)."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        return [e for stream in reply.values() for e in stream[0]]
-    return [e for _, stream in reply for e in stream]
-
-
-def _int(value: bytes | None) -> int:
-    try:
-        return int(value) if value is not None else 0
-    except ValueError:
-        return 0
-
-
-def _float(value: bytes | None) -> float:
-    try:
-        return float(value) if value is not None else 0.0
-    except ValueError:
-        return 0.0
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _letter(entry_id: bytes | str, fields: dict[bytes, bytes]) -> DeadLetter:
-    at = _float(fields.get(b"at"))
-    return DeadLetter(id=_text(entry_id), queue=fields.get(b"queue", b"").decode(errors="replace"),
-                      reason=fields.get(b"reason", b"").decode(errors="replace"),
-                      deliveries=_int(fields.get(DELIVERIES)),
-                      first_seen=_float(fields.get(FIRST_SEEN)) or at, at=at,
-                      body=fields.get(FIELD, b""))
-
-
-def _raise_if_cancelled() -> None:
-    """Stop a cancelled task even if a library call swallowed its CancelledError."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark an abandoned read's outcome as seen (it is recovered another way)."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _backoff(attempt: int) -> float:
-    return min(2.0, 0.05 * 2.0 ** (attempt - 1)) * (0.5 + random.random() / 2)

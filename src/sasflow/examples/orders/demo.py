@@ -10,9 +10,13 @@ The runner plays the platform and the application, never the pattern's roles:
    carries only the order's id (E4);
 4. with ``chaos`` it SIGKILLs a worker mid-run and starts a replacement, as a
    platform restarts a dead process;
-5. it shows progress, then a table read from the store and the service, and
-   checks the outcome: every order finished, no effect applied twice, and every
-   declined order undone (its stock released exactly once).
+5. it shows progress, then a table read from the store (through the App's
+   client API, tally.py) and the service, and checks the outcome: every order
+   finished, no effect applied twice, and every declined order undone (its
+   stock released exactly once).
+
+The worker processes and the progress line have a module each (workers.py,
+progress.py).
 
 Exit status 0 only if every check holds; 1 otherwise (or if the run does not
 finish in time); 2 for bad arguments.
@@ -20,12 +24,8 @@ finish in time); 2 for bad arguments.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import signal
-import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,10 +41,12 @@ from sasflow.app import App
 from sasflow.errors import SasflowError
 from sasflow.examples.orders.app import REMOTE_ENV, build_app
 from sasflow.examples.orders.orders import WORKFLOW, place_orders, sample_orders
+from sasflow.examples.orders.progress import Progress
 from sasflow.examples.orders.remote import Faults, RemoteService
-from sasflow.model import TERMINAL_TASK_STATES, TaskState
+from sasflow.examples.orders.tally import Tally
+from sasflow.examples.orders.workers import Workers
+from sasflow.model import TaskState, terminal
 from sasflow.redact import redact
-from sasflow.store.sqlite import SQLiteStore
 
 __all__ = ["DEFAULT_FAULTS", "run_demo"]
 
@@ -63,9 +65,8 @@ POLL = 0.1
 # service's idempotency store
 DEFAULT_FAULTS = Faults(transient=0.15, slow=0.03, slow_s=2.5, lost=0.03, seed=2024)
 
-_TERMINAL = [s.value for s in (TaskState.PROCESSED, TaskState.COMPENSATED, TaskState.ERROR,
-                               TaskState.CANCELLED)]
-_OPEN = [s.value for s in TaskState if s not in TERMINAL_TASK_STATES]
+_TERMINAL = [s.value for s in TaskState if terminal(s)]
+_OPEN = [s.value for s in TaskState if not terminal(s)]
 
 
 def run_demo(orders: int = 200, workers: int = 3, chaos: bool = False,
@@ -135,12 +136,11 @@ class _Run:
     def main(self) -> int:
         app = build_app(self.store)
         try:
-            sqlite = app._store  # opens the file and creates the schema before workers do
-            if not isinstance(sqlite, SQLiteStore):
-                raise SasflowError(f"{self.store} is not a SQLite store")
+            tally = Tally(app, self.prefix)
+            tally.counts()  # the first read opens the file and creates the schema before workers do
             with RemoteService(faults=self.faults) as service, \
-                    _Workers(self._worker_env(service.url), self.scratch) as pool, \
-                    _Tally(sqlite.path, self.prefix) as tally:
+                    Workers(_worker_command(), self._worker_env(service.url),
+                            self.scratch) as pool:
                 self._header(service, min(s.timeout for s in app.workflows[WORKFLOW].steps))
                 started = time.monotonic()
                 for _ in range(self.workers):
@@ -172,9 +172,9 @@ class _Run:
         return env
 
     # ------------------------------------------------------------ progress
-    def _watch(self, pool: _Workers, tally: _Tally, started: float) -> bool:
+    def _watch(self, pool: Workers, tally: Tally, started: float) -> bool:
         """Show progress until every order is finished; False on a timeout or a crash."""
-        progress = _Progress(self.out, self.orders)
+        progress = Progress(self.out, self.orders, [*_OPEN, *_TERMINAL])
         killed = False
         while True:
             counts = tally.counts()
@@ -217,7 +217,7 @@ class _Run:
         print(f"  workers {' '.join(_worker_command())}", file=self.out, flush=True)
 
     # ------------------------------------------------------------ outcome
-    def _result(self, tally: _Tally, service: RemoteService) -> DemoResult:
+    def _result(self, tally: Tally, service: RemoteService) -> DemoResult:
         stats = service.stats()
         units, dispatches, failures = tally.units()
         result = DemoResult(orders=self.orders, states=tally.counts(), units_started=units,
@@ -298,164 +298,8 @@ def _undone(r: DemoResult) -> str:
 def _by_operation(remote: Mapping[str, Any]) -> str:
     return ", ".join(f"{op} {n}" for op, n in remote["effects_by_operation"].items())
 
-
-# ---------------------------------------------------------------- the store, read directly
-class _Tally:
-    """Read-only queries on the store file, limited to this run's tasks."""
-
-    def __init__(self, path: str, prefix: str) -> None:
-        self.conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)
-        self.conn.execute("PRAGMA query_only = 1")
-        self.like = prefix + "%"
-
-    def __enter__(self) -> _Tally:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.conn.close()
-
-    def _rows(self, sql: str) -> list[Any]:
-        return self.conn.execute(sql, (self.like,)).fetchall()
-
-    def counts(self) -> dict[str, int]:
-        return dict(self._rows(
-            "SELECT state, COUNT(*) FROM tasks WHERE task_id LIKE ? GROUP BY state"))
-
-    def states(self) -> dict[str, str]:
-        return dict(self._rows("SELECT task_id, state FROM tasks WHERE task_id LIKE ?"))
-
-    def locked_by(self) -> list[str]:
-        return [r[0] for r in self._rows(
-            "SELECT locked_by FROM tasks WHERE task_id LIKE ? AND locked_by IS NOT NULL")]
-
-    def units(self) -> tuple[int, int, int]:
-        """Units (steps and compensations) started, their dispatches, their failures."""
-        started, dispatches, failures = self._rows(
-            "SELECT COUNT(*), COALESCE(SUM(attempts), 0), COALESCE(SUM(failure_count), 0)"
-            " FROM steps WHERE task_id LIKE ? AND attempts > 0")[0]
-        return int(started), int(dispatches), int(failures)
-
-    def recoveries(self) -> int:
-        # the planner words a supervisor's expiry "<step>: expired (<n>x): <what it did>"
-        return int(self._rows(
-            "SELECT COUNT(*) FROM history WHERE task_id LIKE ? AND step IS NULL"
-            " AND why LIKE '%: expired (%'")[0][0])
-
-    def alerts(self) -> int:
-        return int(self._rows("SELECT COUNT(*) FROM alerts WHERE task_id LIKE ?")[0][0])
-
-
-# ---------------------------------------------------------------- worker processes
 def _worker_command() -> list[str]:
     """`sasflow worker` for the example app, run by this interpreter."""
     return [sys.executable, "-m", "sasflow.cli", "worker", APP_REF,
             "--supervisor-interval", str(SUPERVISOR_INTERVAL),
             "--concurrency", str(WORKER_CONCURRENCY), "--log-level", "warning"]
-
-
-class _Workers:
-    """The worker processes, each logging to its own file; always stopped on exit."""
-
-    def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env, self.logs = env, logs
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.killed: set[int] = set()
-        self._files: list[Path] = []
-
-    def __enter__(self) -> _Workers:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> int:
-        log = self.logs / f"worker-{len(self._files) + 1}.log"
-        self._files.append(log)
-        with log.open("wb") as sink:
-            proc = subprocess.Popen(_worker_command(), env=self.env, stdin=subprocess.DEVNULL,
-                                    stdout=sink, stderr=subprocess.STDOUT)
-        self.procs[proc.pid] = proc
-        return proc.pid
-
-    def busiest(self, locked_by: list[str]) -> tuple[int, int]:
-        """The live worker holding the most tasks (instance ids embed the pid)."""
-        live = [pid for pid, p in self.procs.items() if p.poll() is None]
-        held = {pid: sum(f"-{pid}-" in owner for owner in locked_by) for pid in live}
-        victim = max(live, key=lambda pid: held[pid])
-        return victim, held[victim]
-
-    def replace(self, pid: int) -> int:
-        self.killed.add(pid)
-        self.procs[pid].send_signal(signal.SIGKILL)
-        self.procs[pid].wait()
-        return self.start()
-
-    def crashed(self) -> tuple[int, int] | None:
-        for pid, proc in self.procs.items():
-            code = proc.poll()
-            if code is not None and pid not in self.killed:
-                return pid, code
-        return None
-
-    def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM every worker, then SIGKILL whichever is still running after `grace`."""
-        running = [p for p in self.procs.values() if p.poll() is None]
-        for proc in running:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-        end = time.monotonic() + grace
-        for proc in running:
-            try:
-                proc.wait(timeout=max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def print_logs(self, out: TextIO, lines: int = 20) -> None:
-        for log in self._files:
-            tail = log.read_text(errors="replace").splitlines()[-lines:]
-            if tail:
-                print(f"--- {log.name} (last {len(tail)} lines)", file=out)
-                print("\n".join(tail), file=out)
-
-
-# ---------------------------------------------------------------- the progress line
-class _Progress:
-    """One line redrawn in place on a terminal; a line a second otherwise."""
-
-    def __init__(self, out: TextIO, total: int) -> None:
-        self.out, self.total = out, total
-        self.tty = out.isatty()
-        self.last = -1.0
-        self.drawn = False
-
-    def _line(self, counts: Mapping[str, int], finished: int, elapsed: float) -> str:
-        width = 20
-        filled = width * finished // self.total
-        parts = " ".join(f"{s} {counts[s]}" for s in (*_OPEN, *_TERMINAL) if counts.get(s))
-        return (f"{elapsed:5.1f}s [{'#' * filled}{'.' * (width - filled)}]"
-                f" {finished}/{self.total}  {parts}")
-
-    def show(self, counts: Mapping[str, int], finished: int, elapsed: float) -> None:
-        if self.tty:
-            self.out.write(f"\r\x1b[K{self._line(counts, finished, elapsed)}")
-            self.drawn = True
-        elif elapsed - self.last >= 1.0:
-            self.out.write(self._line(counts, finished, elapsed) + "\n")
-            self.last = elapsed
-        self.out.flush()
-
-    def done(self, counts: Mapping[str, int], finished: int, elapsed: float) -> None:
-        if self.tty:
-            self.out.write("\n")
-        else:
-            self.out.write(self._line(counts, finished, elapsed) + "\n")
-        self.drawn = False
-        self.out.flush()
-
-    def note(self, message: str) -> None:
-        if self.drawn:
-            self.out.write("\r\x1b[K")
-            self.drawn = False
-        self.out.write(message + "\n")
-        self.out.flush()

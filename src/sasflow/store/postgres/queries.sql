@@ -97,12 +97,27 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: schema_migrations_exists
 SELECT to_regclass('schema_migrations') IS NOT NULL AS found
 
+-- fragment: write_implied
+-- The unit, history and outbox rows of the writes that applied (CTE `written`): each
+-- unit's row with the values the write carries (rows.implied_rows).
+wrote_steps AS (
+    INSERT INTO steps ({step_columns})
+    SELECT * FROM ({steps_rows}) s WHERE s.task_id IN (SELECT task_id FROM written)
+    ON CONFLICT (task_id, phase, idx) DO UPDATE SET {step_updates}),
+wrote_history AS (
+    INSERT INTO history ({history_columns})
+    SELECT * FROM ({history_rows}) h WHERE h.task_id IN (SELECT task_id FROM written)),
+wrote_outbox AS (
+    INSERT INTO outbox (queue, body, created_at)
+    SELECT queue, body, created_at FROM ({outbox_rows}) o
+    WHERE o.task_id IN (SELECT task_id FROM written))
+
 -- name: apply_transitions
 -- A batch of transitions in ONE statement (its parameters: the transitions, then the
 -- step, history, outbox and alert rows they imply, each as JSON):
 -- - `locked`: the batch's task rows, locked in task-id order first, so every batch
 --   of every process waits for rows in the same order (no deadlock);
--- - `applied`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
+-- - `written`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
 --   epoch, state, owner, unit (phase, cursor) and version as when read, and
 --   (supervisor) a complete-by that has passed and the lease still held with its
 --   epoch; a task not in it is left exactly as it was;
@@ -115,7 +130,7 @@ SELECT to_regclass('schema_migrations') IS NOT NULL AS found
 WITH v AS ({transitions_rows}),
 locked AS (SELECT task_id FROM tasks WHERE task_id IN (SELECT task_id FROM v)
            ORDER BY task_id FOR UPDATE),
-applied AS (
+written AS (
     UPDATE tasks t SET state = v.state, phase = v.phase, cursor = v.cursor,
            locked_by = v.locked_by, complete_by = v.complete_by,
            available_at = v.available_at, failure_count = v.failure_count, error = v.error,
@@ -130,50 +145,31 @@ applied AS (
       AND (v.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.name = v.lease
                                       AND l.holder = v.lease_holder AND l.epoch = v.lease_epoch))
     RETURNING t.task_id),
-wrote_steps AS (
-    INSERT INTO steps ({step_columns})
-    SELECT * FROM ({steps_rows}) s WHERE s.task_id IN (SELECT task_id FROM applied)
-    ON CONFLICT (task_id, phase, idx) DO UPDATE SET {step_updates}),
-wrote_history AS (
-    INSERT INTO history ({history_columns})
-    SELECT * FROM ({history_rows}) h WHERE h.task_id IN (SELECT task_id FROM applied)),
-wrote_outbox AS (
-    INSERT INTO outbox (queue, body, created_at)
-    SELECT queue, body, created_at FROM ({outbox_rows}) o
-    WHERE o.task_id IN (SELECT task_id FROM applied)),
+{write_implied},
 wrote_alerts AS (
     INSERT INTO alerts ({alert_columns})
-    SELECT * FROM ({alerts_rows}) a WHERE a.task_id IN (SELECT task_id FROM applied))
-SELECT array_agg(a.task_id) AS written,
+    SELECT * FROM ({alerts_rows}) a WHERE a.task_id IN (SELECT task_id FROM written))
+SELECT array_agg(w.task_id) AS written,
        (SELECT pg_notify('sasflow_work', min(v.wake)::text)::text
-        FROM v WHERE v.wake IS NOT NULL AND v.task_id IN (SELECT task_id FROM applied)
+        FROM v WHERE v.wake IS NOT NULL AND v.task_id IN (SELECT task_id FROM written)
         HAVING count(*) > 0) AS notified
-FROM applied a
+FROM written w
 
 -- name: insert_tasks
 -- A batch of submissions in one statement (parameters: the tasks, their steps,
 -- history and outbox rows); the rows of a task that existed already are not
 -- written; idle schedulers are told if any was created. Answers the ids of the
 -- tasks created.
-WITH created AS (
+WITH written AS (
     INSERT INTO tasks ({new_task_columns})
     {tasks_rows}
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id, available_at),
-wrote_steps AS (
-    INSERT INTO steps ({step_columns})
-    SELECT * FROM ({steps_rows}) s WHERE s.task_id IN (SELECT task_id FROM created)),
-wrote_history AS (
-    INSERT INTO history ({history_columns})
-    SELECT * FROM ({history_rows}) h WHERE h.task_id IN (SELECT task_id FROM created)),
-wrote_outbox AS (
-    INSERT INTO outbox (queue, body, created_at)
-    SELECT queue, body, created_at FROM ({outbox_rows}) o
-    WHERE o.task_id IN (SELECT task_id FROM created))
+{write_implied}
 SELECT array_agg(task_id) AS written,
        CASE WHEN count(*) > 0
             THEN pg_notify('sasflow_work', min(available_at)::text)::text END AS notified
-FROM created
+FROM written
 
 -- name: drop_steps
 -- What a rare transition also needs, once it is known that it applied: a migration

@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import threading
 import time
-import weakref
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,7 +31,6 @@ import msgspec
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
 from sasflow.messages import encode
 from sasflow.model import (
-    UNFINISHED_TASK_STATES,
     StepRecord,
     StepState,
     Task,
@@ -43,77 +39,26 @@ from sasflow.model import (
     terminal,
 )
 from sasflow.store.interfaces import ClaimRule
-from sasflow.store.records import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
+from sasflow.store.memory.data import Stored, named
+from sasflow.store.memory.tables import Tables
+from sasflow.store.records import Alert, HistoryEntry, NewTask
 from sasflow.store.rows import check_legal, claim_transition, implied_rows, status_row
 from sasflow.transition import Transition, applied
-from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["MemoryStore"]
 
 _decode = msgspec.json.decode
-_OUTBOX_LEASE_S = 30.0  # as the SQL stores: a relay that dies gives its messages back then
 
 
-@dataclass(slots=True)
-class _Stored:
-    """A task as this store holds it: its input as submitted (to compare with a
-    submission reusing its id), and its snapshot."""
-
-    input_json: bytes
-    task: Task
-
-
-@dataclass(slots=True)
-class _Lease:
-    holder: str
-    epoch: int
-    expires_at: float
-
-
-@dataclass(slots=True)
-class _Outbox:
-    id: int
-    queue: str
-    body: bytes
-    leased_until: float = 0.0
-
-
-class _Data:
-    """What one named in-memory database holds (a plain class: weakly referenceable)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.tasks: dict[str, _Stored] = {}
-        self.history: list[HistoryEntry] = []
-        self.alerts: list[Alert] = []
-        self.outbox: dict[int, _Outbox] = {}
-        self.leases: dict[str, _Lease] = {}
-        self.instances: dict[str, Instance] = {}
-        self.dead_letters: dict[str, DeadLetter] = {}  # by id: one written twice is kept once
-        self.ids = itertools.count(1)
-        # watchers: (callback, its loop, its thread), told when work becomes claimable
-        self.watchers: list[tuple[Callable[[float], None], asyncio.AbstractEventLoop, int]] = []
-        self.finished: list[Callable[[str], None]] = []  # told when a task ends
-
-
-_named: weakref.WeakValueDictionary[str, _Data] = weakref.WeakValueDictionary()
-_named_lock = threading.Lock()
-
-
-class MemoryStore:
+class MemoryStore(Tables):
     """Tasks, steps, history, alerts, outbox, leases and instances in this process."""
 
     def __init__(self, name: str = "", *, clock: Callable[[], float] | None = None) -> None:
         self.name = name
         self.now: Callable[[], float] = clock or time.time
-        if not name:
-            self._data = _Data()
-        else:
-            with _named_lock:
-                data = _named.get(name)
-                if data is None:
-                    data = _named[name] = _Data()
-            self._data = data
+        data = named(name)
+        assert data is not None
+        self._data = data
 
     @classmethod
     def from_url(cls, url: str, *, clock: Callable[[], float] | None = None,
@@ -121,7 +66,7 @@ class MemoryStore:
         parts = urlsplit(url)
         if parts.scheme != "memory" or parts.path not in ("", "/") or parts.query:
             raise ConfigurationError(f"bad memory store URL {url!r}: expected memory://NAME")
-        if not create and parts.netloc not in _named:
+        if not create and (not parts.netloc or named(parts.netloc, create=False) is None):
             raise StoreError(f"no memory store named {parts.netloc!r} in this process")
         return cls(parts.netloc, clock=clock)
 
@@ -154,7 +99,7 @@ class MemoryStore:
                     f"task {task.task_id} exists with another workflow or input",
                     task_id=task.task_id)
             return False
-        data.tasks[task.task_id] = _Stored(bytes(task.input_json), Task(
+        data.tasks[task.task_id] = Stored(bytes(task.input_json), Task(
             task_id=task.task_id, workflow=task.workflow, input=_decode(task.input_json),
             state=TaskState.PENDING, available_at=now, reply_to=task.reply_to,
             created_at=now, updated_at=now, version=task.version,
@@ -238,10 +183,6 @@ class MemoryStore:
             # (unit rows and dropped ones: in the snapshot already)
         return True
 
-    def _tasks(self) -> list[Task]:
-        """The snapshots held (not copies: only to read, under the lock)."""
-        return [stored.task for stored in self._data.tasks.values()]
-
     def _copy(self, task_id: str, *, steps: bool = True) -> Task:
         """A fresh copy of a held task: the caller may change it freely."""
         task = self._data.tasks[task_id].task
@@ -290,54 +231,6 @@ class MemoryStore:
                         if task.locked_by is not None and task.complete_by is not None
                         and (names is None or task.workflow in names)),
                        default=None)
-
-    # ------------------------------------------------------------ incidents (R4)
-    async def census(self) -> Census:
-        versions: dict[tuple[str, str | None], int] = {}
-        agents: dict[tuple[str, str | None, str], int] = {}
-        with self._data.lock:
-            for task in self._tasks():
-                if task.state not in UNFINISHED_TASK_STATES:
-                    continue
-                shape = (task.workflow, task.version)
-                versions[shape] = versions.get(shape, 0) + 1
-                if task.cursor < len(task.steps):
-                    key = (task.workflow, task.version, task.steps[task.cursor].agent)
-                    agents[key] = agents.get(key, 0) + 1
-        return Census(versions=versions, agents=agents)
-
-    async def incidents(self) -> list[Alert]:
-        with self._data.lock:
-            return [msgspec.structs.replace(a) for a in self._data.alerts
-                    if a.incident is not None and a.resolved_at is None]
-
-    async def report_incidents(self, raised: Collection[Alert], resolved: Collection[str]
-                               ) -> None:
-        with self._data.lock:
-            now = self.now()
-            ending = {*resolved, *(a.incident for a in raised)}
-            for alert in self._data.alerts:
-                if alert.incident in ending and alert.resolved_at is None:
-                    alert.resolved_at = now
-            for alert in raised:
-                self._data.alerts.append(Alert(
-                    id=next(self._data.ids), task_id=None, at=now, message=alert.message,
-                    agent=alert.agent, incident=alert.incident, count=alert.count))
-
-    async def acquire_lease(self, name: str, holder: str, ttl: float) -> int | None:
-        with self._data.lock:
-            now = self.now()
-            lease = self._data.leases.get(name)
-            if lease is None:
-                self._data.leases[name] = _Lease(holder, 1, now + ttl)
-                return 1
-            if lease.holder == holder:
-                lease.expires_at = now + ttl
-                return lease.epoch
-            if lease.expires_at < now:  # taken over: a new fencing epoch (M3)
-                lease.holder, lease.epoch, lease.expires_at = holder, lease.epoch + 1, now + ttl
-                return lease.epoch
-            return None
 
     # ------------------------------------------------------------ reading
     async def watch(self, wake: Callable[[float], None]) -> None:
@@ -394,82 +287,6 @@ class MemoryStore:
         with self._data.lock:
             return [msgspec.structs.replace(alert) for alert in self._data.alerts
                     if alert.id > after][:limit]
-
-    # ------------------------------------------------------------ instances (R2)
-    async def beat(self, instance: Instance, *, first: bool = False) -> None:
-        with self._data.lock:
-            now = self.now()
-            known = self._data.instances.get(instance.instance_id)
-            started = now if known is None or first else known.started_at
-            self._data.instances[instance.instance_id] = msgspec.structs.replace(
-                instance, roles=list(instance.roles), agents=list(instance.agents),
-                workflows=dict(instance.workflows), started_at=started, beat_at=now,
-                stopped_at=None)
-
-    async def stopped(self, instance_id: str) -> None:
-        with self._data.lock:
-            known = self._data.instances.get(instance_id)
-            if known is not None:
-                known.stopped_at = self.now()
-
-    async def forget_instances(self, before: float) -> int:
-        with self._data.lock:
-            holding = {s.task.locked_by for s in self._data.tasks.values() if s.task.locked_by}
-            gone = [i for i, row in self._data.instances.items()
-                    if row.beat_at < before and i not in holding]
-            for instance_id in gone:
-                del self._data.instances[instance_id]
-        return len(gone)
-
-    async def instances(self, *, instance_id: str | None = None) -> list[Instance]:
-        with self._data.lock:
-            found = [msgspec.structs.replace(i) for i in self._data.instances.values()
-                     if instance_id is None or i.instance_id == instance_id]
-        return sorted(found, key=lambda i: (i.started_at, i.instance_id))
-
-    # ------------------------------------------------------------ dead letters (R3)
-    async def add_dead_letter(self, letter: DeadLetter) -> None:
-        with self._data.lock:
-            self._data.dead_letters.setdefault(letter.id, letter)
-
-    async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
-        with self._data.lock:  # oldest first, as the SQL stores order them
-            return sorted(self._data.dead_letters.values(), key=lambda d: (d.at, d.id))[:limit]
-
-    async def dead_letter(self, letter_id: str) -> DeadLetter | None:
-        with self._data.lock:
-            return self._data.dead_letters.get(letter_id)
-
-    async def purge_dead_letters(self) -> int:
-        with self._data.lock:
-            count = len(self._data.dead_letters)
-            self._data.dead_letters.clear()
-            return count
-
-    # ------------------------------------------------------------ outbox (E11)
-    def _add_outbox(self, queue: str, body: bytes) -> None:
-        message_id = next(self._data.ids)
-        self._data.outbox[message_id] = _Outbox(message_id, queue, body)
-
-    async def take_outbox(self, queues: Collection[str] | None, limit: int
-                          ) -> list[OutboxMessage]:
-        wanted = None if queues is None else set(queues)
-        with self._data.lock:
-            now = self.now()
-            taken: list[OutboxMessage] = []
-            for message in self._data.outbox.values():
-                if len(taken) >= limit:
-                    break
-                if message.leased_until < now and (wanted is None or message.queue in wanted):
-                    message.leased_until = now + _OUTBOX_LEASE_S
-                    taken.append(OutboxMessage(id=message.id, queue=message.queue,
-                                               body=message.body))
-            return taken
-
-    async def ack_outbox(self, ids: Collection[int]) -> None:
-        with self._data.lock:
-            for message_id in ids:
-                self._data.outbox.pop(message_id, None)
 
     async def close(self) -> None:
         """Nothing to release: the data lives while a store refers to it."""

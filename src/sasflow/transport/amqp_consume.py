@@ -1,0 +1,189 @@
+"""The RabbitMQ transport's consumers: one channel each, acks once handled.
+
+Each ``consume`` has its own channel with ``basic.qos(prefetch)`` and runs at
+most ``prefetch`` handlers at once, whatever the bundles (amqp_bundle.py) hold.
+It acks a message (or a bundle) once every handler returned. A consumer that
+stops, or a process that dies, leaves its unacked messages (whole bundles) to
+the broker, which redelivers them to another consumer.
+
+A message whose handler raised is never requeued at once (a requeued message
+comes straight back: the hot loop of R3). After the delivery policy's backoff
+it is published again on its own, carrying its count of failed deliveries, and
+only then acked; at the policy's bound, or at once for a body its handler
+cannot decode, it goes to the dead letters instead (amqp_dead_letters.py). A
+message the broker redelivers (its consumer died holding it) counts one
+delivery more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import aiormq
+import msgspec
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+
+from sasflow.errors import TransportError
+from sasflow.transport.amqp_bundle import BUNDLE_TYPE, decode_bundle
+from sasflow.transport.amqp_connection import (
+    CONNECTION_ERRORS,
+    REFUSALS,
+    STOP_TIMEOUT,
+    backoff,
+    being_cancelled,
+    close_quietly,
+)
+from sasflow.transport.amqp_dead_letters import (
+    DELIVERIES,
+    FIRST_SEEN,
+    dead_letter_message,
+    number,
+)
+from sasflow.transport.base import Handler
+from sasflow.transport.dead_letter import MalformedMessage, letter_for, log_dead_letter
+
+if TYPE_CHECKING:
+    from sasflow.transport.amqp import AmqpTransport
+
+__all__ = ["AmqpConsumer"]
+
+log = logging.getLogger("sasflow.transport.amqp")
+
+
+class AmqpConsumer:
+    """One ``consume`` of a queue: its channel, its running handlers, and how each
+    message is settled. Publishes through its transport (a failed message sent
+    again, or to the dead letters)."""
+
+    def __init__(self, transport: AmqpTransport, queue: str, handler: Handler, *,
+                 prefetch: int, consumed: dict[str, int]) -> None:
+        self.transport, self.queue, self.handler = transport, queue, handler
+        self.prefetch = max(1, prefetch)
+        self.consumed = consumed  # consumers running in this process, by queue
+        self.running: set[asyncio.Task[object]] = set()
+        # bundles hold several messages each: `prefetch` bounds the handlers running
+        self.slots = asyncio.Semaphore(self.prefetch)
+        self.channel: AbstractChannel | None = None
+
+    async def run(self) -> None:
+        """Consume until cancelled; reconnects, and sets up again, after a lost connection."""
+        queue = self.queue
+        # counted from the start: a consumer counts as soon as consuming begins
+        self.consumed[queue] = self.consumed.get(queue, 0) + 1
+        try:
+            for attempt in itertools.count(1):
+                try:
+                    connection, _ = await self.transport._link.connect()
+                    self.channel = await connection.channel(publisher_confirms=False)
+                    await self.channel.set_qos(prefetch_count=self.prefetch)
+                    declared = await self.transport._declare(self.channel, queue)
+                    tag = await declared.consume(self._on_message, no_ack=False)
+                    break
+                except REFUSALS:
+                    raise  # the broker refuses this queue as declared: no retry helps
+                except (*CONNECTION_ERRORS, TimeoutError, asyncio.CancelledError) as error:
+                    if isinstance(error, asyncio.CancelledError) and being_cancelled():
+                        raise
+                    # the connection went while the consumer was being set up (aiormq
+                    # cancels what waited on it): it is reconnecting, so set up again (R2)
+                    if self.channel is not None:
+                        await close_quietly(self.channel)
+                        self.channel = None
+                    self.transport._link.outage.failed(error)
+                    await asyncio.sleep(backoff(attempt))
+            try:
+                await asyncio.Future()  # consume until cancelled
+            finally:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(STOP_TIMEOUT):
+                        await declared.cancel(tag)
+        except (aiormq.exceptions.AMQPError, *CONNECTION_ERRORS) as error:
+            raise TransportError(f"cannot consume {queue}: {error!r}") from error
+        finally:
+            self.consumed[queue] -= 1
+            for task in list(self.running):
+                task.cancel()
+            if self.running:
+                await asyncio.gather(*self.running, return_exceptions=True)
+            if self.channel is not None:
+                # unacked messages (in flight or prefetched) go back to the queue
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(STOP_TIMEOUT):
+                        await self.channel.close()
+
+    async def _handle(self, body: bytes) -> Exception | None:
+        """The handler's error, if it raised (bounded by the slots)."""
+        async with self.slots:
+            try:
+                await self.handler(body)
+            except Exception as error:
+                log.debug("handler for %s raised", self.queue, exc_info=True)
+                return error
+            return None
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.running.add(task)
+        try:
+            # failed deliveries before this one; a redelivery by the broker
+            # means a consumer died holding it: one more
+            headers = message.headers or {}
+            before = int(number(headers.get(DELIVERIES))) + bool(message.redelivered)
+            first_seen = float(number(headers.get(FIRST_SEEN)))
+            if message.content_type != BUNDLE_TYPE:
+                failed = [(message.body, await self._handle(message.body))]
+            else:
+                failed = await self._handle_bundle(message.body)
+            settled = await asyncio.gather(*(
+                self._after_failure(body, before + 1, first_seen, error)
+                for body, error in failed if error is not None))
+            if all(settled):
+                await message.ack()
+            else:  # could not be sent again: the broker keeps the whole message
+                await message.nack(requeue=True)
+        except CONNECTION_ERRORS as error:
+            # the channel is gone: the broker redelivers the unacked message
+            log.info("could not settle a message of %s: %r", self.queue, error)
+        finally:
+            self.running.discard(task)
+
+    async def _handle_bundle(self, payload: bytes) -> list[tuple[bytes, Exception | None]]:
+        """Handle each message of a bundle; each body with its handler's error, if any."""
+        try:
+            bodies = decode_bundle(payload)
+        except msgspec.DecodeError as error:  # the bundle itself is the dead letter
+            return [(payload, MalformedMessage(f"not a bundle: {error}"))]
+        errors = await asyncio.gather(*(self._handle(body) for body in bodies))
+        return list(zip(bodies, errors, strict=True))
+
+    async def _after_failure(self, body: bytes, deliveries: int, first_seen: float,
+                             error: Exception) -> bool:
+        """Send a message that failed its `deliveries`-th delivery again after the backoff,
+        or to the dead letters (R3). True once it is safely on its way."""
+        queue, policy = self.queue, self.transport.policy
+        first_seen = first_seen or time.time()
+        try:
+            if isinstance(error, MalformedMessage) or policy.exhausted(deliveries):
+                letter = letter_for(queue, body, error, deliveries=deliveries,
+                                    first_seen=first_seen)
+                await self.transport._confirmed(queue, dead_letter_message(letter),
+                                                to_dead_letters=True)
+                log_dead_letter(log, letter)
+            else:
+                # held (unacked) meanwhile, so a crash now loses nothing
+                await asyncio.sleep(policy.delay(deliveries))
+                await self.transport._send(queue, body, False, {DELIVERIES: deliveries,
+                                                                FIRST_SEEN: first_seen})
+        except TransportError as failure:
+            log.info("could not send a failed message of %s on: %s", queue, failure)
+            # it comes straight back when nacked: the pause keeps that from spinning
+            await asyncio.sleep(policy.delay(deliveries))
+            return False
+        return True
+
