@@ -73,7 +73,7 @@ class Phase(enum.StrEnum):
 
 
 # The two predicates every layer asks, defined here once. The stores' SQL spells them
-# from these constants (store/sql.py CLAIMABLE_SQL; the partial index tasks_claimable
+# from these constants (store/queries.py CLAIMABLE_SQL; the partial index tasks_claimable
 # in the migrations is checked against it by tests/unit/test_model.py).
 
 # A task no scheduler holds is taken up (claimed) in these states: pending runs its

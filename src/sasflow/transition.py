@@ -31,7 +31,7 @@ import msgspec
 
 from sasflow.model import CompensationRecord, Phase, StepRecord, StepState, Task, TaskState
 
-__all__ = ["LeaseFence", "Transition", "UnitChange", "applied", "put_unit"]
+__all__ = ["LeaseFence", "Transition", "UnitChange", "applied", "put_unit", "unit_of"]
 
 
 class UnitChange(msgspec.Struct, kw_only=True):
@@ -126,14 +126,20 @@ def applied(task: Task, t: Transition) -> Task:
         steps=steps)
 
 
+def unit_of(record: StepRecord | CompensationRecord, *, index: int, phase: Phase,
+            name: str, agent: str) -> UnitChange:
+    """The row `record` stands for, every value as it is (to change with
+    msgspec.structs.replace): a field added to the records is carried along by
+    every transition without being named here."""
+    values = {field: getattr(record, field) for field in _CARRIED[type(record)]}
+    return UnitChange(index=index, phase=phase, name=name, agent=agent,
+                      from_state=record.state, **values)
+
+
 def put_unit(steps: list[StepRecord], unit: UnitChange) -> None:
     """Put `unit`'s row into `steps` (a task's step list), replacing the record."""
     if unit.phase is Phase.DO:
-        record = StepRecord(
-            name=unit.name, agent=unit.agent, state=unit.state, attempts=unit.attempts,
-            failure_count=unit.failure_count, complete_by=unit.complete_by,
-            idempotency_key=unit.idempotency_key, result=unit.result, error=unit.error,
-            in_doubt=unit.in_doubt)
+        record = StepRecord(**{field: getattr(unit, field) for field in _STEP_FIELDS})
         if unit.index < len(steps):
             record.compensation = steps[unit.index].compensation
             steps[unit.index] = record
@@ -141,7 +147,12 @@ def put_unit(steps: list[StepRecord], unit: UnitChange) -> None:
             steps.append(record)
         return
     steps[unit.index] = msgspec.structs.replace(steps[unit.index], compensation=(
-        CompensationRecord(state=unit.state, attempts=unit.attempts,
-                           failure_count=unit.failure_count, complete_by=unit.complete_by,
-                           idempotency_key=unit.idempotency_key, result=unit.result,
-                           error=unit.error)))
+        CompensationRecord(**{field: getattr(unit, field) for field in _UNDO_FIELDS})))
+
+
+# The fields a unit row and each record share, by name: what put_unit and unit_of copy
+_STEP_FIELDS = [f for f in StepRecord.__struct_fields__ if f in UnitChange.__struct_fields__]
+_UNDO_FIELDS = [f for f in CompensationRecord.__struct_fields__
+                if f in UnitChange.__struct_fields__]
+_CARRIED = {StepRecord: [f for f in _STEP_FIELDS if f not in ("name", "agent")],
+            CompensationRecord: _UNDO_FIELDS}

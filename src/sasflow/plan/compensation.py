@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from sasflow.errors import InvalidTransitionError
 from sasflow.model import Phase, StepState, Task, TaskState, idempotency_key
 from sasflow.plan.draft import Drafting, Event, Fence, draft, may_have_run
-from sasflow.transition import Transition, UnitChange, put_unit
+from sasflow.transition import Transition, UnitChange, put_unit, unit_of
 
 __all__ = ["Compensation"]
 
@@ -97,25 +99,22 @@ class Compensation(Drafting):
         and the step's own row, which shows where its undo stands; put into the draft."""
         record = task.steps[task.cursor]
         undo = record.compensation
-        change = UnitChange(
-            index=task.cursor, phase=Phase.UNDO, name=record.name, agent=record.agent,
-            idempotency_key=undo.idempotency_key if undo is not None else idempotency_key(
-                task.task_id, record.name, Phase.UNDO),
-            state=state, attempts=(undo.attempts if undo else 0) + started,
-            failure_count=0 if reset else (undo.failure_count if undo else 0) + failed,
-            complete_by=complete_by if complete_by is not None else (
-                undo.complete_by if undo else None),
-            result=result if state is StepState.COMPENSATED else (
-                undo.result if undo else None),
+        index, name, agent = task.cursor, record.name, record.agent
+        before = unit_of(undo, index=index, phase=Phase.UNDO, name=name, agent=agent) if (
+            undo is not None) else UnitChange(
+            index=index, phase=Phase.UNDO, name=name, agent=agent, state=state,
+            idempotency_key=idempotency_key(task.task_id, name, Phase.UNDO))
+        change = msgspec.structs.replace(
+            before, state=state, attempts=before.attempts + started,
+            failure_count=0 if reset else before.failure_count + failed,
+            complete_by=complete_by if complete_by is not None else before.complete_by,
+            result=result if state is StepState.COMPENSATED else before.result,
             error=error, from_state=undo.state if undo is not None else None)
         shown = StepState.COMPENSATED if state is StepState.COMPENSATED else (
             StepState.COMPENSATING)
-        step = UnitChange(
-            index=task.cursor, phase=Phase.DO, name=record.name, agent=record.agent,
-            idempotency_key=record.idempotency_key, state=shown, attempts=record.attempts,
-            failure_count=record.failure_count, complete_by=record.complete_by,
-            result=record.result, error=record.error, in_doubt=record.in_doubt,
-            from_state=record.state, in_history=False)
+        step = msgspec.structs.replace(
+            unit_of(record, index=index, phase=Phase.DO, name=name, agent=agent),
+            state=shown, in_history=False)
         put_unit(task.steps, change)
         put_unit(task.steps, step)
         return [change, step]

@@ -17,7 +17,7 @@ import msgspec
 
 from sasflow.errors import InvalidTransitionError
 from sasflow.model import Phase, StepRecord, StepState, Task, TaskState, can_move
-from sasflow.transition import Transition, UnitChange, put_unit
+from sasflow.transition import Transition, UnitChange, put_unit, unit_of
 from sasflow.workflow import Workflow, workflow_version
 
 __all__ = ["Drafting", "Event", "Fence", "draft", "may_have_run", "names", "task_version"]
@@ -102,14 +102,14 @@ class Drafting:
         """The new row of the step at the cursor, put into the draft: a new dispatch
         counts an attempt, a failed one a failure; the result is the step's own."""
         record = task.steps[task.cursor]
-        change = UnitChange(
-            index=task.cursor, phase=Phase.DO, name=record.name, agent=record.agent,
-            idempotency_key=record.idempotency_key, state=state,
-            attempts=record.attempts + started,
+        change = msgspec.structs.replace(
+            unit_of(record, index=task.cursor, phase=Phase.DO, name=record.name,
+                    agent=record.agent),
+            state=state, attempts=record.attempts + started,
             failure_count=0 if reset else record.failure_count + failed,
             complete_by=record.complete_by if complete_by is None else complete_by,
             result=result if state is StepState.COMPLETED else record.result, error=error,
-            in_doubt=record.in_doubt or in_doubt, from_state=record.state)
+            in_doubt=record.in_doubt or in_doubt)
         put_unit(task.steps, change)
         return change
 

@@ -9,7 +9,7 @@ under load batches grow instead of connections; a lone write still goes at once.
 
 A batch holds one write per task, sorted by task id: the order rows are locked
 in is then the same for every batch of every process (no deadlocks), and a write
-whose commit was lost can be told apart by its task alone (pg_write.py). A
+whose commit was lost can be told apart by its task alone (bulk.py). A
 second write for a task already in the batch waits for the next one.
 """
 
