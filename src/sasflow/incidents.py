@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sasflow.plan import Plan
-from sasflow.store.interfaces import Store
+from sasflow.store.interfaces import SupervisorStore
 from sasflow.store.records import Alert, Census, Instance
 
 __all__ = ["Incident", "IncidentWatch", "find_incidents"]
@@ -86,7 +86,7 @@ def find_incidents(census: Census, live: list[Instance],
 class IncidentWatch:
     """The leader's census, taken every `every` seconds (store time), and its alerts."""
 
-    def __init__(self, store: Store, plans: Mapping[str, Plan], *, every: float,
+    def __init__(self, store: SupervisorStore, plans: Mapping[str, Plan], *, every: float,
                  instance_ttl: float, realert_after: float,
                  on_alert: Callable[[Alert], None]) -> None:
         self.store = store

@@ -8,10 +8,11 @@ import contextlib
 import logging
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Protocol
 
 from sasflow.background_loop import BackgroundLoop
 from sasflow.messages import Status, decode_status
-from sasflow.store.interfaces import Store
+from sasflow.store.interfaces import DeadLetterStore, RelayStore
 from sasflow.transport.base import Transport
 from sasflow.transport.dead_letter import (
     MalformedMessage,
@@ -25,7 +26,12 @@ __all__ = ["Listening", "statuses"]
 log = logging.getLogger("sasflow.app")
 
 
-async def statuses(store: Store, transport: Transport, queue: str
+class _StatusStore(RelayStore, DeadLetterStore, Protocol):
+    """What a status stream reads the outbox with, a message it cannot read going to
+    the dead letters."""
+
+
+async def statuses(store: _StatusStore, transport: Transport, queue: str
                    ) -> AsyncGenerator[Status, None]:
     """Status messages of the tasks submitted with ``reply_to=queue``, as they come."""
     if transport.shared:

@@ -43,7 +43,7 @@ from sasflow.errors import StoreError
 from sasflow.incidents import IncidentWatch
 from sasflow.model import Task
 from sasflow.plan import Plan
-from sasflow.store.interfaces import Store
+from sasflow.store.interfaces import SupervisorStore
 from sasflow.store.records import Alert
 from sasflow.testing import failpoints
 from sasflow.transition import LeaseFence, Transition
@@ -59,7 +59,7 @@ _FORGET_EVERY = 3600.0  # seconds between two clean-ups of gone instances' rows
 
 
 class Supervisor:
-    def __init__(self, store: Store, plans: Mapping[str, Plan], *, instance_id: str,
+    def __init__(self, store: SupervisorStore, plans: Mapping[str, Plan], *, instance_id: str,
                  interval: float = 1.0, batch: int = 1000,
                  on_applied: Callable[[Transition], None] = lambda t: None,
                  on_alert: Callable[[Alert], None] = lambda a: None,
