@@ -26,8 +26,8 @@ from sasflow.store.records import Alert, Census, HistoryEntry, Instance, NewTask
 from sasflow.transition import Transition
 from sasflow.transport.dead_letter import DeadLetter
 
-__all__ = ["ClaimRule", "ClientStore", "DeadLetterStore", "InstanceStore", "RelayStore",
-           "SchedulerStore", "Store", "SupervisorStore"]
+__all__ = ["OUTBOX_LEASE_S", "ClaimRule", "ClientStore", "DeadLetterStore", "InstanceStore",
+           "RelayStore", "SchedulerStore", "Store", "SupervisorStore"]
 
 
 class ClaimRule(Protocol):
@@ -184,6 +184,10 @@ class InstanceStore(_Clock, Protocol):
     async def stopped(self, instance_id: str) -> None:
         """Record a clean shutdown of the instance (its heartbeat stops on purpose)."""
         ...
+
+
+# A relay that dies gives back the status messages it took after this long
+OUTBOX_LEASE_S = 30.0
 
 
 class RelayStore(Protocol):

@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from sasflow.model import Task, TaskState
-from sasflow.store.interfaces import ClaimRule
+from sasflow.store.interfaces import OUTBOX_LEASE_S, ClaimRule
 from sasflow.store.records import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.rows import (
     Row,
@@ -35,12 +35,10 @@ from sasflow.store.rows import (
 from sasflow.transition import Transition
 from sasflow.transport.dead_letter import DeadLetter
 
-__all__ = ["OUTBOX_LEASE_S", "SQLStore", "Statement"]
+__all__ = ["SQLStore", "Statement"]
 
 # A statement to run: its name (queries.py) and its parameters
 Statement = tuple[str, Mapping[str, Any]]
-# A relay that dies gives the status messages it took back after this long
-OUTBOX_LEASE_S = 30.0
 
 
 class SQLStore(abc.ABC):

@@ -9,9 +9,9 @@ from collections.abc import Callable, Collection
 import msgspec
 
 from sasflow.model import UNFINISHED_TASK_STATES, Task
+from sasflow.store.interfaces import OUTBOX_LEASE_S
 from sasflow.store.memory.data import Data, Lease, Outbox
 from sasflow.store.records import Alert, Census, Instance, OutboxMessage
-from sasflow.store.sql_store import OUTBOX_LEASE_S
 from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["Tables"]
