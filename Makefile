@@ -30,7 +30,7 @@ demo: $(BIN)/sasflow
 test: $(BIN)/sasflow
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=20
 
 test-unit test-sim test-contract test-acceptance test-chaos test-scenario: $(BIN)/sasflow
 	$(BIN)/pytest -q tests/$(@:test-%=%)
