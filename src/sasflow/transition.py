@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from sasflow.fields import copier
 from sasflow.model import CompensationRecord, Phase, StepRecord, StepState, Task, TaskState
 
 __all__ = ["LeaseFence", "Transition", "UnitChange", "applied", "put_unit", "unit_of"]
@@ -131,28 +132,32 @@ def unit_of(record: StepRecord | CompensationRecord, *, index: int, phase: Phase
     """The row `record` stands for, every value as it is (to change with
     msgspec.structs.replace): a field added to the records is carried along by
     every transition without being named here."""
-    values = {field: getattr(record, field) for field in _CARRIED[type(record)]}
-    return UnitChange(index=index, phase=phase, name=name, agent=agent,
-                      from_state=record.state, **values)
+    unit: UnitChange = _UNIT_OF[type(record)](record, index, phase, name, agent, record.state)
+    return unit
 
 
 def put_unit(steps: list[StepRecord], unit: UnitChange) -> None:
     """Put `unit`'s row into `steps` (a task's step list), replacing the record."""
     if unit.phase is Phase.DO:
-        record = StepRecord(**{field: getattr(unit, field) for field in _STEP_FIELDS})
+        record: StepRecord = _AS_STEP(unit)
         if unit.index < len(steps):
             record.compensation = steps[unit.index].compensation
             steps[unit.index] = record
         else:  # a step a migration adds at the end
             steps.append(record)
         return
-    steps[unit.index] = msgspec.structs.replace(steps[unit.index], compensation=(
-        CompensationRecord(**{field: getattr(unit, field) for field in _UNDO_FIELDS})))
+    steps[unit.index] = msgspec.structs.replace(steps[unit.index],
+                                                compensation=_AS_UNDO(unit))
 
 
 # The fields a unit row and each record share, by name: what put_unit and unit_of copy
+# (compiled once: fields.py)
 _STEP_FIELDS = [f for f in StepRecord.__struct_fields__ if f in UnitChange.__struct_fields__]
 _UNDO_FIELDS = [f for f in CompensationRecord.__struct_fields__
                 if f in UnitChange.__struct_fields__]
-_CARRIED = {StepRecord: [f for f in _STEP_FIELDS if f not in ("name", "agent")],
-            CompensationRecord: _UNDO_FIELDS}
+_AS_STEP = copier(UnitChange, StepRecord, _STEP_FIELDS)
+_AS_UNDO = copier(UnitChange, CompensationRecord, _UNDO_FIELDS)
+_GIVEN = ("index", "phase", "name", "agent", "from_state")
+_UNIT_OF = {record: copier(record, UnitChange, [*fields, *_GIVEN], *_GIVEN)
+            for record, fields in ((StepRecord, _STEP_FIELDS),
+                                   (CompensationRecord, _UNDO_FIELDS))}

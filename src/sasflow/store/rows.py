@@ -14,7 +14,6 @@ as they are.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, Protocol
@@ -22,6 +21,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from sasflow.errors import InvalidTransitionError, StoreError
+from sasflow.fields import as_row, from_row
 from sasflow.messages import Status, StatusEvent, encode
 from sasflow.model import (
     CompensationRecord,
@@ -48,7 +48,6 @@ Table = Literal["steps", "history", "outbox", "alerts", "drop"]
 Row = dict[str, Any]
 
 _decode = msgspec.json.decode
-_JSON_FIELDS = frozenset({"result"})  # unit fields stored as JSON text
 log = logging.getLogger("sasflow.store")
 
 
@@ -67,15 +66,11 @@ def task_from_row(row: Mapping[str, Any]) -> Task:
                 updated_at=row["updated_at"], version=row["version"])
 
 
-def _unit_values(row: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:
-    values = {name: row[name] for name in fields if name in columns.STEP}
-    for name in _JSON_FIELDS & values.keys():
-        values[name] = None if values[name] is None else _decode(values[name])
-    return values
-
-
-_STEP_FIELDS = StepRecord.__struct_fields__
-_UNDO_FIELDS = CompensationRecord.__struct_fields__
+# a unit's record from its row, and its row from a transition's unit (fields.py)
+_STEP_OF = from_row(StepRecord, columns.STEP)
+_UNDO_OF = from_row(CompensationRecord, columns.STEP)
+_UNIT_ROW = as_row(UnitChange, columns.STEP, task_id="task_id", idx="index",
+                   updated_at="now")
 
 
 def attach_steps(tasks: dict[str, Task], step_rows: Iterable[Mapping[str, Any]]) -> None:
@@ -85,11 +80,9 @@ def attach_steps(tasks: dict[str, Task], step_rows: Iterable[Mapping[str, Any]])
         if row["phase"] == Phase.UNDO.value:  # after every step of its task is in place
             undo.append(row)
             continue
-        tasks[row["task_id"]].steps.append(msgspec.convert(
-            _unit_values(row, _STEP_FIELDS), StepRecord, strict=False))
+        tasks[row["task_id"]].steps.append(_STEP_OF(row))
     for row in undo:
-        tasks[row["task_id"]].steps[row["idx"]].compensation = msgspec.convert(
-            _unit_values(row, _UNDO_FIELDS), CompensationRecord, strict=False)
+        tasks[row["task_id"]].steps[row["idx"]].compensation = _UNDO_OF(row)
 
 
 def alert_from_row(row: Mapping[str, Any]) -> Alert:
@@ -152,22 +145,9 @@ def status_row(queue: str, task_id: str, event: str, state: TaskState, step: str
     return {"task_id": task_id, "queue": queue, "body": body, "created_at": now}
 
 
-def _column(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, bool):
-        return int(value)
-    return value
-
-
 def unit_row(task_id: str, unit: UnitChange, now: float) -> Row:
     """A unit's complete row (columns.STEP), from the values the transition carries."""
-    row: Row = {"task_id": task_id, "idx": unit.index, "updated_at": now}
-    for name in columns.STEP:
-        if name not in row:
-            value = getattr(unit, name)
-            row[name] = (None if value is None else encode(value).decode()) if (
-                name in _JSON_FIELDS) else _column(value)
+    row: Row = _UNIT_ROW(unit, task_id, now)
     return row
 
 
@@ -240,6 +220,11 @@ def implied_rows(t: Transition, now: float) -> Iterator[tuple[Table, Row]]:
                          "at": now, "message": t.alert}
 
 
+# a new step's row: every column as a new unit has it, but its identity
+_NEW_UNIT = unit_row("", UnitChange(index=0, phase=Phase.DO, name="", agent="",
+                                    idempotency_key="", state=StepState.PENDING), 0.0)
+
+
 def submission_rows(task: NewTask, now: float) -> tuple[Row, list[tuple[Table, Row]]]:
     """A new task's row (pending, unlocked, 0 failures; E2) and the rows it implies."""
     row = {"task_id": task.task_id, "workflow": task.workflow,
@@ -247,9 +232,8 @@ def submission_rows(task: NewTask, now: float) -> tuple[Row, list[tuple[Table, R
            "available_at": now, "reply_to": task.reply_to, "created_at": now,
            "updated_at": now, "version": task.version}
     implied: list[tuple[Table, Row]] = [
-        ("steps", unit_row(task.task_id, UnitChange(
-            index=i, phase=Phase.DO, name=name, agent=agent, idempotency_key=key,
-            state=StepState.PENDING), now))
+        ("steps", {**_NEW_UNIT, "task_id": task.task_id, "idx": i, "name": name,
+                   "agent": agent, "idempotency_key": key, "updated_at": now})
         for i, (name, agent, key) in enumerate(task.steps)]
     implied.append(("history", _history(task.task_id, now, "submit", 0, None,
                                         TaskState.PENDING.value, "submitted")))

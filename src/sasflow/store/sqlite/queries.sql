@@ -39,6 +39,10 @@ ORDER BY complete_by LIMIT :limit
 SELECT {step_columns} FROM steps
 WHERE task_id IN (SELECT value FROM json_each(:task_ids)) ORDER BY task_id, phase, idx
 
+-- name: select_steps_of
+-- (one task's, the common case: no list to encode and unpack)
+SELECT {step_columns} FROM steps WHERE task_id = :task_id ORDER BY phase, idx
+
 -- name: probe_claimable
 -- Is anything of this workflow version claimable? One index probe of tasks_claimable
 -- per version a scheduler declares (OR-ed together, SQLite would walk tasks_state).
@@ -78,6 +82,10 @@ WHERE task_id = :task_id AND epoch = :epoch AND state = :from_state AND locked_b
   AND (:expired_before IS NULL OR complete_by < :expired_before)
   AND (:lease IS NULL OR EXISTS (SELECT 1 FROM leases WHERE name = :lease
                                  AND holder = :lease_holder AND epoch = :lease_epoch))
+
+-- name: insert_step
+-- A new task's step, written with it (columns.NEW_STEP)
+INSERT INTO steps ({new_step_columns}) VALUES ({new_step_values})
 
 -- name: upsert_step
 -- A unit's complete new row, as the transition carries it (rows.implied_rows).

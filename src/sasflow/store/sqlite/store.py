@@ -265,6 +265,9 @@ class SQLiteStore(SQLStore):
 def _with_steps(conn: sqlite3.Connection, rows: Iterable[Row]) -> list[Task]:
     tasks = {task.task_id: task for task in map(task_from_row, rows)}
     ids = list(tasks)
+    if len(ids) == 1:
+        attach_steps(tasks, conn.execute(_Q["select_steps_of"], {"task_id": ids[0]}))
+        return list(tasks.values())
     for chunk in range(0, len(ids), 500):  # bounded lists
         attach_steps(tasks, conn.execute(_Q["select_steps"],
                                          bind({"task_ids": ids[chunk:chunk + 500]})))

@@ -76,9 +76,9 @@ def insert(conn: sqlite3.Connection, task: NewTask, now: float) -> bool:
             raise TaskConflictError(f"task {task.task_id} exists with another workflow or input",
                                     task_id=task.task_id)
         return False
-    by_table: dict[Table, list[Row]] = {}
+    conn.executemany(_Q["insert_step"], [values for table, values in implied
+                                         if table == "steps"])
     for table, values in implied:
-        by_table.setdefault(table, []).append(values)
-    for table, rows in by_table.items():
-        conn.executemany(_WRITES[table], rows)
+        if table != "steps":  # its history row, and its first status message if any
+            conn.execute(_WRITES[table], values)
     return True
