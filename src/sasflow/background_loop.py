@@ -45,8 +45,10 @@ def refuse_inside_a_loop() -> None:
 
 def answer_early(result: Any) -> None:
     """The running coroutine will return `result` once the next write it awaits is
-    durable: whoever makes it so may give the blocking caller (if any) that answer
-    at once, with `take_early_answer`. Without a blocking caller, nothing happens."""
+    durable: whoever makes it so may give the blocking caller that answer at once,
+    with `take_early_answer`. Only if the blocking call was made for this very
+    coroutine, saying so (`call(..., early=True)`): a coroutine that awaits it among
+    other work returns something else. Otherwise nothing happens."""
     answers = _caller.get()
     if answers is not None:
         _early.set(lambda: answers.put((True, result)))
@@ -95,23 +97,24 @@ class BackgroundLoop:
         with self._lock:
             return self._loop
 
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run `coro` on the background loop and wait for its result (sync callers only)."""
+    def call(self, coro: Coroutine[Any, Any, T], *, early: bool = False) -> T:
+        """Run `coro` on the background loop and wait for its result (sync callers only);
+        `early`: `coro` may give its result before it ends (`answer_early`)."""
         try:
             refuse_inside_a_loop()
         except RuntimeError:
             coro.close()
             raise
-        return self.run(coro)
+        return self.run(coro, early=early)
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], *, early: bool = False) -> T:
         """`call` for quick lifecycle steps, which may also come from another event loop."""
         # One callback and one queue rather than run_coroutine_threadsafe's two
         # chained futures: each of their hand-offs waited for a turn of a loop that
         # may be busy running the roles.
         answers: _Answers = queue.SimpleQueue()
         try:
-            self.loop.call_soon_threadsafe(_start, coro, answers)
+            self.loop.call_soon_threadsafe(_start, coro, answers, early)
         except RuntimeError:
             coro.close()  # the loop is closed: it never ran
             raise
@@ -129,11 +132,11 @@ class BackgroundLoop:
             loop.close()
 
 
-def _start(coro: Coroutine[Any, Any, Any], answers: _Answers) -> None:
-    """On the loop: run `coro` as a task that answers `answers` when it ends (or
-    earlier, see `answer_early`)."""
+def _start(coro: Coroutine[Any, Any, Any], answers: _Answers, early: bool) -> None:
+    """On the loop: run `coro` as a task that answers `answers` when it ends (or,
+    if `early`, when it says, see `answer_early`)."""
     context = contextvars.copy_context()
-    context.run(_caller.set, answers)
+    context.run(_caller.set, answers if early else None)
     task = asyncio.get_running_loop().create_task(coro, context=context)
     task.add_done_callback(lambda done: answers.put(_outcome(done)))
 

@@ -180,7 +180,7 @@ class Client:
         """Blocking twin of `asubmit`."""
         if connection is None:
             return self._loop.call(self.asubmit(workflow, input, task_id=task_id,
-                                                reply_to=reply_to))
+                                                reply_to=reply_to), early=True)
         # the caller's transaction lives in the caller's thread
         new = self._new_task(workflow, input, task_id=task_id, reply_to=reply_to)
         self._store.submit_in(connection, new)

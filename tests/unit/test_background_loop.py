@@ -60,9 +60,26 @@ def test_a_promised_answer_reaches_the_caller_before_the_coroutine_ends(
         ended.set()
         return "task-1"
 
-    assert background.call(submit()) == "task-1"
+    assert background.call(submit(), early=True) == "task-1"
     assert not ended.is_set()
     finish.set()
+
+
+def test_only_the_coroutine_called_may_answer_early(background: BackgroundLoop) -> None:
+    """A coroutine that submits among other work returns its own result, not the
+    id the submission promised."""
+    async def submit(n: int) -> str:
+        answer_early(f"task-{n}")
+        give = take_early_answer()
+        if give is not None:
+            give()
+        await asyncio.sleep(0)
+        return f"task-{n}"
+
+    async def submit_all() -> list[str]:
+        return [await submit(n) for n in range(3)]
+
+    assert background.call(submit_all()) == ["task-0", "task-1", "task-2"]
 
 
 def test_without_a_blocking_caller_nothing_is_promised(background: BackgroundLoop) -> None:
