@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sasflow.backends import Backends
-from sasflow.background_loop import BackgroundLoop
+from sasflow.background_loop import BackgroundLoop, answer_early
 from sasflow.declarations import Declarations
 from sasflow.errors import (
     InvalidTransitionError,
@@ -166,6 +166,10 @@ class Client:
         """Submit a task; idempotent on task_id. With `connection` (a DB-API connection to
         the store's database) it joins the caller's transaction (E1)."""
         new = self._new_task(workflow, input, task_id=task_id, reply_to=reply_to)
+        if connection is None:
+            # a blocking caller (`submit`) may have the id as soon as the task is
+            # stored: the store's writer gives it, the schedulers are woken after
+            answer_early(new.task_id)
         await self._store.submit(new, connection=connection)
         if connection is None:
             self._signals.wake_schedulers()
@@ -176,7 +180,7 @@ class Client:
         """Blocking twin of `asubmit`."""
         if connection is None:
             return self._loop.call(self.asubmit(workflow, input, task_id=task_id,
-                                                reply_to=reply_to))
+                                                reply_to=reply_to), early=True)
         # the caller's transaction lives in the caller's thread
         new = self._new_task(workflow, input, task_id=task_id, reply_to=reply_to)
         self._store.submit_in(connection, new)

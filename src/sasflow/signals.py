@@ -47,7 +47,7 @@ class InProcessSignals:
         with self._lock:
             schedulers = list(self._schedulers)
         for loop, scheduler in schedulers:
-            loop.call_soon_threadsafe(scheduler.wake)
+            _soon(loop, scheduler.wake)
 
     @contextlib.asynccontextmanager
     async def waiting(self, task_id: str) -> AsyncIterator[asyncio.Event]:
@@ -79,7 +79,7 @@ class InProcessSignals:
         with self._lock:
             waiters = list(self._waiters.get(task_id, ()))
         for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
+            _soon(loop, event.set)
 
     def alerted(self, alert: Alert) -> None:
         """An alert raised in this process: a task's (E8) or an incident's (R4)."""
@@ -96,3 +96,16 @@ class InProcessSignals:
             self.wake_schedulers()
         if terminal(transition.state):
             self.finished(transition.task_id)
+
+
+def _soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    """`callback` on `loop`; from the loop's own thread without waking it through its
+    self-pipe (a write, an extra turn and a read, twice per task)."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        loop.call_soon(callback)
+    else:
+        loop.call_soon_threadsafe(callback)

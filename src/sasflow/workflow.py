@@ -8,6 +8,7 @@ Declarations are validated when made, so a mistake fails at import, not at 3 a.m
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -129,7 +130,7 @@ class Workflow:
         planned for another shape. Timeouts and policies are not part of it:
         changing them leaves every task runnable.
         """
-        return workflow_version(self.name, [(s.name, s.agent) for s in self.steps])
+        return _shape_version(self.name, tuple((s.name, s.agent) for s in self.steps))
 
     def release_delay(self, failure_count: int) -> float:
         """How long a released task waits before it may be claimed again."""
@@ -142,5 +143,12 @@ def workflow_version(name: str, steps: Sequence[tuple[str, str]]) -> str:
     Also computed from a stored task's own steps, so tasks written before
     versions existed get theirs from what they hold.
     """
+    return _shape_version(name, tuple((step, agent) for step, agent in steps))
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_version(name: str, steps: tuple[tuple[str, str], ...]) -> str:
+    # cached: every submission and every decision asks, and a hash of JSON each time
+    # was a measurable share of a submission's work; an application has few shapes
     shape = json.dumps([name, [list(s) for s in steps]], separators=(",", ":"))
     return hashlib.sha256(shape.encode()).hexdigest()[:12]

@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 
@@ -139,6 +140,15 @@ def test_idempotency_key_differs_per_task_step_and_phase() -> None:
             for step in ("reserve", "charge", "1")
             for phase in Phase}
     assert len(keys) == 3 * 3 * 2
+
+
+def test_idempotency_key_is_the_name_based_uuid_keys_were_always_given() -> None:
+    """Keys stored before stay valid: the key is uuid5 of phase, task and step."""
+    namespace = uuid.UUID("6f1c1c0e-5a5f-4d0e-9a57-5a5f10e5a5f1")
+    for task, step in (("order-42", "charge"), ("ü-漢-\t", "s"), ("x" * 200, "1")):
+        for phase in Phase:
+            assert idempotency_key(task, step, phase) == str(
+                uuid.uuid5(namespace, f"{phase.value}\x00{task}\x00{step}"))
 
 
 def test_idempotency_key_does_not_confuse_task_and_step_boundaries() -> None:

@@ -154,10 +154,12 @@ class SQLiteStore(SQLStore):
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
         if connection is not None:
             return self.submit_in(connection, task)
-        created = await self._writer.run(lambda conn: writes.insert(conn, task, self.now()))
-        if created:
-            self._wake.work(self.now())
-        return created
+        def tell(created: bool) -> None:
+            if created:
+                self._wake.work(self.now())
+
+        return await self._writer.run(lambda conn: writes.insert(conn, task, self.now()),
+                                      then=tell)
 
     def submit_in(self, connection: sqlite3.Connection, task: NewTask) -> bool:
         """Write the task with the caller's connection, in the caller's transaction (E1)."""
@@ -217,14 +219,16 @@ class SQLiteStore(SQLStore):
         return await self._writer.run(job)
 
     async def apply(self, transition: Transition) -> bool:
-        applied = await self._writer.run(
-            lambda conn: writes.apply(conn, transition, self.now(), self._deferred))
-        if applied:
-            self._tell(transition)
-        return applied
+        def tell(applied: bool) -> None:
+            if applied:
+                self._tell(transition)
+
+        return await self._writer.run(
+            lambda conn: writes.apply(conn, transition, self.now(), self._deferred), then=tell)
 
     def _tell(self, transition: Transition) -> None:
-        """Wake the other processes sharing the file that wait for what it did."""
+        """Wake the other processes sharing the file that wait for what it did (from the
+        writer's thread, as soon as it is committed)."""
         if terminal(transition.state):
             self._wake.finished(transition.task_id)
         elif claimable(transition.state, transition.locked_by):

@@ -23,13 +23,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import queue
 import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from sasflow.background_loop import take_early_answer
+
 __all__ = ["Writer"]
+
+log = logging.getLogger("sasflow.store")
 
 T = TypeVar("T")
 Job = Callable[[sqlite3.Connection], Any]
@@ -59,17 +64,25 @@ class Writer:
         self._thread.start()
         self._ready.result()
 
-    async def run(self, job: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `job` in the next group transaction and return what it returned."""
+    async def run(self, job: Callable[[sqlite3.Connection], T], *,
+                  then: Callable[[T], None] | None = None) -> T:
+        """Run `job` in the next group transaction and return what it returned.
+
+        `then(result)` runs in this thread right after the commit, before the
+        awaiting coroutine resumes (a wake-up for other processes need not wait for
+        a turn of a busy loop); it must be quick and must not raise. So is the
+        answer the coroutine promised its blocking caller once this write is
+        durable (background_loop.answer_early): the caller need not wait for the
+        loop to resume the coroutine first."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((job, future, loop))
+        self._jobs.put((job, future, loop, _and_answer(then, take_early_answer())))
         return await future
 
     def run_sync(self, job: Callable[[sqlite3.Connection], T]) -> T:
         """`run` for callers outside any event loop."""
         future = concurrent.futures.Future[T]()
-        self._jobs.put((job, future, None))
+        self._jobs.put((job, future, None, None))
         return future.result()
 
     def wait_prepared(self) -> None:
@@ -148,7 +161,7 @@ class Writer:
     def _commit(self, conn: sqlite3.Connection, batch: list[_Item]) -> list[_Outcome]:
         try:
             conn.execute("BEGIN IMMEDIATE")
-            results = [job(conn) for job, _, _ in batch]
+            results = [job(conn) for job, _, _, _ in batch]
             self._before_commit(conn)
             conn.execute("COMMIT")
         except BaseException as error:
@@ -167,16 +180,20 @@ class Writer:
         return [(item, result, None) for item, result in zip(batch, results, strict=True)]
 
 
+# a job, its future, the loop awaiting it (None: a thread), what follows its commit
 _Item = tuple[Job, "asyncio.Future[Any] | concurrent.futures.Future[Any]",
-              asyncio.AbstractEventLoop | None]
+              asyncio.AbstractEventLoop | None, Callable[[Any], None] | None]
 _Outcome = tuple[_Item, Any, BaseException | None]
 
 
 def _settle_all(outcomes: list[_Outcome]) -> None:
-    """Wake every waiter; one hop per event loop, not one per job."""
+    """Wake every waiter; one hop per event loop, not one per job. What follows a
+    commit (`run`'s `then`) runs last, once the loops have been told: whatever a
+    blocking caller answered early does next on its loop comes after its coroutine
+    has ended."""
     by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
     for outcome in outcomes:
-        (_, future, loop) = outcome[0]
+        (_, future, loop, _) = outcome[0]
         if loop is None:
             assert isinstance(future, concurrent.futures.Future)
             _, result, error = outcome
@@ -189,10 +206,30 @@ def _settle_all(outcomes: list[_Outcome]) -> None:
     for loop, group in by_loop.items():
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
             loop.call_soon_threadsafe(_settle_in_loop, group)
+    for (_, _, _, then), result, error in outcomes:
+        if then is not None and error is None:
+            try:
+                then(result)
+            except Exception:  # the write is done: its waiter still hears of it
+                log.exception("after a commit")
+
+
+def _and_answer(then: Callable[[T], None] | None, answer: Callable[[], None] | None
+                ) -> Callable[[T], None] | None:
+    """`then`, followed by giving the early answer, if there is one."""
+    if answer is None:
+        return then
+
+    def both(result: T) -> None:
+        if then is not None:
+            then(result)
+        answer()
+
+    return both
 
 
 def _settle_in_loop(outcomes: list[_Outcome]) -> None:
-    for (_, future, _), result, error in outcomes:
+    for (_, future, _, _), result, error in outcomes:
         if future.done():
             continue
         if error is None:
