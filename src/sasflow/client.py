@@ -22,7 +22,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from sasflow.backends import Backends
 from sasflow.background_loop import BackgroundLoop, answer_early
@@ -36,6 +36,7 @@ from sasflow.errors import (
 )
 from sasflow.messages import Status, encode_json_value
 from sasflow.model import Task, TaskState, idempotency_key
+from sasflow.own_connection import OwnConnection
 from sasflow.plan import Plan, task_version
 from sasflow.signals import InProcessSignals
 from sasflow.status_stream import Listening, statuses
@@ -101,6 +102,8 @@ class Client:
         self._declared = Declarations()
         self._signals = InProcessSignals(now=lambda: self._store.now())
         self._loop = BackgroundLoop()
+        # the blocking submit's own connection (PostgreSQL); False: not looked at yet
+        self._own: OwnConnection | Literal[False] | None = False
 
     # ------------------------------------------------------------ where it points
     @property
@@ -179,6 +182,13 @@ class Client:
                reply_to: str | None = None, connection: Any = None) -> str:
         """Blocking twin of `asubmit`."""
         if connection is None:
+            own = self._own_connection()
+            if own is not None:  # PostgreSQL: in this thread, not behind the roles' loop
+                new = self._new_task(workflow, input, task_id=task_id, reply_to=reply_to)
+                if own.submit(self._store, new) is not None:
+                    self._signals.wake_schedulers()
+                    return new.task_id
+                task_id = new.task_id  # (not written: the same task, through the loop)
             return self._loop.call(self.asubmit(workflow, input, task_id=task_id,
                                                 reply_to=reply_to), early=True)
         # the caller's transaction lives in the caller's thread
@@ -338,9 +348,17 @@ class Client:
     dead_letter = _blocking(adead_letter)
     purge_dead_letters = _blocking(apurge_dead_letters)
 
+    def _own_connection(self) -> OwnConnection | None:
+        if self._own is False:
+            self._own = OwnConnection.of(self._store)
+        return self._own
+
     def close(self) -> None:
         """Close the store, the transport the blocking methods opened, and the
         background loop (a closed client opens them again if used)."""
+        if self._own:
+            self._own.close()
+        self._own = False
         transport = self._backends.detach_transport_of(self._loop.started)
         if transport is not None:  # closed on its own loop: a broker's client is bound to it
             self._loop.run(transport.close())

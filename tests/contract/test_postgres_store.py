@@ -22,6 +22,7 @@ import pytest
 from sasflow import AgentRequest, App, Step
 from sasflow.errors import MissingExtraError, StoreError
 from sasflow.model import UNFINISHED_TASK_STATES, Task, TaskState, claimable
+from sasflow.own_connection import APPLICATION_NAME
 from sasflow.store import open_store
 from sasflow.store import queries as sql
 from sasflow.store.postgres import PostgresStore
@@ -400,3 +401,44 @@ async def test_postgres_reads_the_claimable_and_unfinished_predicates_as_the_mod
                     f" AS tasks WHERE {predicate}", (state, holder)).fetchone()
                 assert found is not None
                 assert bool(found[0]) is python(state, holder), (predicate, state, holder)
+
+
+@on_postgres
+async def test_a_blocking_submit_whose_own_connection_died_goes_through_the_loop(
+        make_store: StoreFactory) -> None:
+    """The blocking submit writes on a connection of its own (own_connection.py); when
+    the server has closed it, that submission is written through the client's loop,
+    once, and the next one on a new connection."""
+    url = postgres(make_store).conninfo
+    app = App(store=url)
+
+    @app.agent("inventory")
+    def reserve(req: AgentRequest) -> dict[str, Any]:
+        return {"reserved": req.input["n"]}
+
+    app.workflow("reserve", steps=[Step("reserve", agent="inventory", timeout=60.0)])
+
+    def own_backends(conn: psycopg.Connection[Any]) -> list[int]:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND application_name = %s", (APPLICATION_NAME,)).fetchall()
+        return [row[0] for row in rows]
+
+    def run() -> list[Task]:
+        try:
+            first = app.submit("reserve", {"n": 1}, task_id="r-1")
+            with psycopg.connect(url, autocommit=True) as admin:
+                killed = own_backends(admin)
+                assert killed, "the first submission used a connection of its own"
+                for pid in killed:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                second = app.submit("reserve", {"n": 2}, task_id="r-2")  # through the loop
+                third = app.submit("reserve", {"n": 3}, task_id="r-3")  # a new connection
+                assert own_backends(admin) and not set(own_backends(admin)) & set(killed)
+            app.start()
+            return [app.wait(task_id, timeout=60) for task_id in (first, second, third)]
+        finally:
+            app.stop()
+
+    done = await asyncio.to_thread(run)
+    assert [t.state for t in done] == [TaskState.PROCESSED] * 3
+    assert [t.steps[0].result for t in done] == [{"reserved": n} for n in (1, 2, 3)]
