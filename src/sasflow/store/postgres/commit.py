@@ -46,12 +46,14 @@ class GroupCommit(Generic[W, R]):
         self._in_flight = in_flight
         self._max_batch = max_batch
         self._waiting: collections.deque[tuple[W, asyncio.Future[R]]] = collections.deque()
-        self._flushers: set[asyncio.Task[None]] = set()
+        self._flushers: set[asyncio.Task[None]] = set()  # (held: a task is weakly held)
+        self._flushing = 0  # flushers that have not yet left their loop
 
     async def __call__(self, write: W) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((write, future))
-        if len(self._flushers) < self._in_flight:
+        if self._flushing < self._in_flight:
+            self._flushing += 1
             # started as a task, it runs after the callbacks already due in this
             # loop iteration: the replies that arrived together go together
             flusher = asyncio.create_task(self._flush())
@@ -60,6 +62,14 @@ class GroupCommit(Generic[W, R]):
         return await future
 
     async def _flush(self) -> None:
+        try:
+            await self._write_all()
+        finally:
+            # counted down as it leaves, not when its done-callback runs later: a write
+            # queued in between would otherwise find no flusher coming
+            self._flushing -= 1
+
+    async def _write_all(self) -> None:
         while self._waiting:
             batch = self._take()
             if not batch:
