@@ -33,7 +33,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from sasflow.errors import TaskConflictError
-from sasflow.model import claimable
+from sasflow.model import claimable, terminal
 from sasflow.store import columns, queries
 from sasflow.store.records import NewTask
 from sasflow.store.rows import Row, Table, implied_rows, submission_rows, task_values
@@ -84,9 +84,11 @@ def new_token() -> int:
 
 
 def _transition_row(t: Transition, now: float, token: int) -> Row:
-    # wake: when the task becomes claimable, if the transition releases it
+    # wake: when the task becomes claimable, if the transition releases it; finished:
+    # whether it ends the task
     wake = t.available_at if claimable(t.state, t.locked_by) else None
-    return {**task_values(t, now), "wake": wake, "token": token}
+    return {**task_values(t, now), "wake": wake, "finished": terminal(t.state),
+            "token": token}
 
 
 def _identity_outcome(task: NewTask, found: Mapping[str, Any]) -> Outcome:

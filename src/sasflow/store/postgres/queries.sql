@@ -25,6 +25,11 @@ SELECT extract(epoch FROM clock_timestamp())::double precision AS now
 -- NOTIFY is transactional: it is delivered at commit, and not at all on rollback.
 LISTEN sasflow_work
 
+-- name: listen_finished
+-- Clients' waiters LISTEN here (wake.py FinishedListener); the payload is the ids of
+-- tasks a commit ended, one per line.
+LISTEN sasflow_finished
+
 -- name: select_task_identities
 SELECT task_id, workflow, input FROM tasks WHERE task_id = ANY(:task_ids)
 
@@ -123,7 +128,9 @@ wrote_outbox AS (
 --   epoch; a task not in it is left exactly as it was;
 -- - the implied rows are written for the applied transitions only: each unit's row
 --   with the values the transition carries (rows.implied_rows);
--- - idle schedulers are told (NOTIFY) when an applied transition released work.
+-- - idle schedulers are told (NOTIFY) when an applied transition released work, and
+--   waiting clients of the tasks it ended, by id: one per line (a task id is
+--   printable), in parts of at most ~7,700 bytes, under NOTIFY's 8,000.
 -- A batch holds one transition per task, so no step row comes twice (which
 -- ON CONFLICT DO UPDATE refuses). One statement is one transaction: it needs no
 -- BEGIN or COMMIT. Answers the ids of the tasks it applied to.
@@ -152,7 +159,14 @@ wrote_alerts AS (
 SELECT array_agg(w.task_id) AS written,
        (SELECT pg_notify('sasflow_work', min(v.wake)::text)::text
         FROM v WHERE v.wake IS NOT NULL AND v.task_id IN (SELECT task_id FROM written)
-        HAVING count(*) > 0) AS notified
+        HAVING count(*) > 0) AS notified,
+       (SELECT string_agg(pg_notify('sasflow_finished', f.ids)::text, '')
+        FROM (SELECT string_agg(e.task_id, E'\n') AS ids
+              FROM (SELECT v.task_id, sum(octet_length(v.task_id) + 1)
+                                      OVER (ORDER BY v.task_id) / 7700 AS part
+                    FROM v WHERE v.finished AND v.task_id IN (SELECT task_id FROM written)
+                   ) e
+              GROUP BY e.part) f) AS told
 FROM written w
 
 -- name: insert_tasks
