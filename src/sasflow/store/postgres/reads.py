@@ -4,7 +4,7 @@ on that loop.
 
 * Many clients waiting for their tasks share one statement, one round trip: a
   lone read goes at once; while reads are in flight the next ones gather, and each
-  batch is one `select_tasks` (`task_id = ANY(:ids)`).
+  batch is one statement (`task_id = ANY(:ids)`; a batch of one, `task_id = :id`).
 * The pool lives in one loop (connections.py); a call from another loop is
   handed to it and its answer handed back, four thread wake-ups a read, each
   waiting for the busy roles' loop and for a CPU. Measured on the 2-core machine
@@ -98,11 +98,14 @@ class _Guest:
 class GuestReads:
     """Reads from event loops other than the pool's, each on a connection of its loop.
 
-    `statement` reads tasks by `task_ids`; `rows_to_tasks` makes them; `fallback`
-    reads the pool's way (after a failure here, or before the store has opened).
+    `statement(ids)` is the statement and parameters that read them; `rows_to_tasks`
+    makes tasks of its rows; `fallback` reads the pool's way (after a failure here, or
+    before the store has opened).
     """
 
-    def __init__(self, conninfo: str, *, statement: str, setup: str | None,
+    def __init__(self, conninfo: str, *,
+                 statement: Callable[[Sequence[str]], tuple[str, dict[str, Any]]],
+                 setup: str | None,
                  rows_to_tasks: Callable[[list[Any]], list[Task]], fallback: Read,
                  connect_timeout: int) -> None:
         self._conninfo = conninfo
@@ -128,7 +131,7 @@ class GuestReads:
         try:
             if guest.conn is None or guest.conn.closed:
                 guest.conn = await self._connect()
-            cur = await guest.conn.execute(self._statement, {"task_ids": list(ids)})
+            cur = await guest.conn.execute(*self._statement(ids))
             return self._rows_to_tasks(await cur.fetchall())
         except psycopg.OperationalError:
             if guest.conn is not None:
