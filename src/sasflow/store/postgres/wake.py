@@ -3,8 +3,10 @@ commit and never on rollback, so a listener hears only what happened.
 
 * ``sasflow_work``: whatever makes work claimable NOTIFYs, in its statement, when
   the work becomes claimable (bulk.py); `listen_for_work` wakes idle schedulers.
-* ``sasflow_finished``: a batch that ends tasks NOTIFYs their ids, one per line,
-  in payloads under PostgreSQL's 8000-byte limit (queries.sql apply_transitions);
+* ``sasflow_finished``: once a batch that ends tasks committed, its writer NOTIFYs
+  their ids, one per line, in payloads under PostgreSQL's 8000-byte limit
+  (bulk.py, queries.sql notify_finished: not in the batch's own transaction,
+  where the notify lock would be held through its WAL flush);
   `FinishedListener` tells a client's waiters, in whatever process they are.
 
 A channel is the database's, not a schema's: stores of other schemas of the same
