@@ -45,13 +45,19 @@ from sasflow.transition import Transition
 from sasflow.transport.base import Transport
 from sasflow.workflow import Workflow
 
-__all__ = ["DEFAULT_HEARTBEAT", "ROLES", "Worker", "WorkerSettings", "check_instance_id",
-           "default_instance_id"]
+__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_HEARTBEAT", "ROLES", "Worker", "WorkerSettings",
+           "check_instance_id", "default_instance_id"]
 
 log = logging.getLogger("sasflow.worker")
 
 ROLES = ("scheduler", "agent", "supervisor")
 DEFAULT_HEARTBEAT = 2.0  # seconds between heartbeats
+# Tasks one scheduler drives at once. A task waiting for its agent costs a coroutine;
+# what it buys is bigger batches: on PostgreSQL every driven task's next transition
+# joins the group commit's batch, so with 64 a worker waited on its own round trips
+# (bench/pg_worker.py, no-op steps, 2 cores: ~1,700 steps/s at 64, ~2,300 at 256,
+# ~3,000 at 1,024, the in-process bench's setting).
+DEFAULT_CONCURRENCY = 1024
 # The default lease: this many heartbeats may be missed (a long GC pause, a slow
 # store) before the instance counts as gone and its tasks are released.
 _LEASE_BEATS = 5
@@ -84,7 +90,7 @@ class WorkerSettings:
 
     roles: Collection[str] = ROLES
     agents: Collection[str] | None = None
-    concurrency: int = 64
+    concurrency: int = DEFAULT_CONCURRENCY
     supervisor_interval: float = 1.0
     instance_id: str | None = None  # None: default_instance_id()
     heartbeat: float = DEFAULT_HEARTBEAT

@@ -7,6 +7,8 @@ Each test runs on a private schema of the local server (conftest STORES).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import os
 import subprocess
 import sys
@@ -26,11 +28,14 @@ from sasflow.own_connection import APPLICATION_NAME
 from sasflow.store import open_store
 from sasflow.store import queries as sql
 from sasflow.store.postgres import PostgresStore
+from sasflow.store.postgres.bulk import new_token, write_batch
 from sasflow.store.postgres.migrations import scripts as pg_migrations
+from sasflow.transition import Transition
 from support.process import Process
 from support.stores import PLANS, Clock, StoreFactory, new_task, submitted
 
 on_postgres = pytest.mark.parametrize("make_store", ["postgres"], indirect=True)
+HANG_GUARD = 30.0  # seconds: only a hung test waits this long
 
 
 def postgres(make_store: StoreFactory, clock: Clock | None = None) -> PostgresStore:
@@ -442,3 +447,94 @@ async def test_a_blocking_submit_whose_own_connection_died_goes_through_the_loop
     done = await asyncio.to_thread(run)
     assert [t.state for t in done] == [TaskState.PROCESSED] * 3
     assert [t.steps[0].result for t in done] == [{"reserved": n} for n in (1, 2, 3)]
+
+
+async def ended(store: PostgresStore, task_id: str) -> Transition:
+    """`task_id` submitted and cancelled (a terminal state) on `store`; the cancel."""
+    assert await store.submit(new_task(task_id))
+    task = await store.get(task_id)
+    assert task is not None
+    cancel = PLANS["order"].cancel(task, store.now())
+    assert await store.apply(cancel)
+    return cancel
+
+
+async def heard_by(store: PostgresStore, ender: PostgresStore) -> list[str]:
+    """What `store.on_finished` hears, once its listener is known to be LISTENing: a
+    marker task that `ender` ends has been heard (those ended before it were not)."""
+    heard: list[str] = []
+    store.on_finished(heard.append)
+    async with asyncio.timeout(HANG_GUARD):
+        for attempt in itertools.count():
+            marker = f"marker-{attempt}"
+            await ended(ender, marker)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    while marker not in heard:
+                        await asyncio.sleep(0.005)
+                    return heard
+    raise AssertionError("unreachable")
+
+
+async def until_heard(heard: list[str], task_id: str) -> None:
+    async with asyncio.timeout(HANG_GUARD):
+        while task_id not in heard:
+            await asyncio.sleep(0.005)
+
+
+@on_postgres
+async def test_a_task_ended_by_another_process_wakes_an_on_finished_subscriber(
+        make_store: StoreFactory, clock: Clock) -> None:
+    """A terminal state committed by another store (another process) reaches this
+    store's on_finished subscribers by NOTIFY: the store is never polled for it."""
+    waiting, worker = postgres(make_store, clock), postgres(make_store, clock)
+    heard = await heard_by(waiting, worker)
+    await ended(worker, "t-1")
+    await until_heard(heard, "t-1")
+    await submitted(worker, "t-2")  # not ended: never told
+    await ended(worker, "t-3")
+    await until_heard(heard, "t-3")
+    assert "t-2" not in heard
+
+
+@on_postgres
+async def test_a_rolled_back_end_notifies_no_one(make_store: StoreFactory,
+                                                 clock: Clock) -> None:
+    """The NOTIFY of an ended task commits with its write, or not at all."""
+    waiting, worker = postgres(make_store, clock), postgres(make_store, clock)
+    heard = await heard_by(waiting, worker)
+    await submitted(worker, "gone")
+    task = await worker.get("gone")
+    assert task is not None
+    cancel = PLANS["order"].cancel(task, worker.now())
+    async with await psycopg.AsyncConnection.connect(worker.conninfo) as conn, (
+            conn.transaction(force_rollback=True)):
+        assert await write_batch(conn, [cancel], new_token(), worker.now()) == [True]
+    # NOTIFYs reach a listener in commit order: once a task ended after the rollback
+    # is heard, the rolled-back one would have been
+    await ended(worker, "after")
+    await until_heard(heard, "after")
+    assert "gone" not in heard
+    gone = await worker.get("gone")
+    assert gone is not None and gone.state is TaskState.PENDING
+
+
+@on_postgres
+async def test_the_ids_of_a_large_batch_are_told_in_notifies_under_the_limit(
+        make_store: StoreFactory, clock: Clock) -> None:
+    """A batch that ends more ids than one NOTIFY payload holds (8,000 bytes) tells
+    every one of them, in several payloads."""
+    waiting, worker = postgres(make_store, clock), postgres(make_store, clock)
+    heard = await heard_by(waiting, worker)
+    ids = [f"{n:03d}-" + "x" * 190 for n in range(60)]  # ~11,500 bytes of ids
+    await submitted(worker, *ids)
+    cancels = []
+    for task_id in ids:
+        task = await worker.get(task_id)
+        assert task is not None
+        cancels.append(PLANS["order"].cancel(task, worker.now()))
+    async with await psycopg.AsyncConnection.connect(worker.conninfo,
+                                                     autocommit=True) as conn:
+        assert await write_batch(conn, cancels, new_token(), worker.now()) == [True] * 60
+    for task_id in ids:
+        await until_heard(heard, task_id)

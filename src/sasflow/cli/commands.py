@@ -23,7 +23,13 @@ from sasflow.cli.options import (
 )
 from sasflow.errors import ConfigurationError, PayloadError, SasflowError
 from sasflow.redact import RedactingFilter, redact
-from sasflow.worker import DEFAULT_HEARTBEAT, ROLES, check_instance_id, default_instance_id
+from sasflow.worker import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_HEARTBEAT,
+    ROLES,
+    check_instance_id,
+    default_instance_id,
+)
 
 __all__ = ["demo", "submit", "worker"]
 
@@ -60,7 +66,8 @@ def demo(ctx: click.Context, orders: int | None, workers: int | None, chaos: boo
         envvar="SASFLOW_ROLES", help="Which actors this process runs.")
 @option("--agents", type=CommaList(), envvar="SASFLOW_AGENTS",
         help="Serve only these agents (default: every agent the app declares).")
-@option("--concurrency", type=click.IntRange(min=1), default=64, show_default=True,
+@option("--concurrency", type=click.IntRange(min=1), default=DEFAULT_CONCURRENCY,
+        show_default=True,
         envvar="SASFLOW_CONCURRENCY", help="Tasks one scheduler drives at once.")
 @store_option
 @transport_option

@@ -54,7 +54,7 @@ NEW_TASK = {name: TASK[name] for name in (
     "updated_at", "version")} | {"last_write": "bigint"}
 
 # A transition as the fenced update of a task takes it (rows.task_values): the new
-# values, then the fence; wake and token are PostgreSQL's (postgres/bulk.py)
+# values, then the fence; wake, finished and token are PostgreSQL's (postgres/bulk.py)
 TRANSITION = {
     "state": "text", "phase": "text", "cursor": "int", "locked_by": "text",
     "complete_by": "float8", "available_at": "float8", "failure_count": "int",
@@ -64,6 +64,7 @@ TRANSITION = {
     "expired_before": "float8", "lease": "text", "lease_holder": "text",
     "lease_epoch": "bigint",
     "wake": "float8",  # when the task is claimable again, if this releases it
+    "finished": "bool",  # whether this ends the task (waiting clients are told)
     "token": "bigint",  # the write's, into last_write
 }
 

@@ -3,9 +3,11 @@
 `write_batch` applies a batch that the group commit (commit.py) gathered, as one
 statement (apply_transitions or insert_tasks, postgres/queries.sql) that applies
 the fences, writes the rows implied by what applied and NOTIFYs idle schedulers
-of work released or submitted. Each kind of row travels as ONE parameter, a JSON
-array of row arrays in the column order of columns.py (msgspec encodes it in C,
-where psycopg would adapt arrays value by value in Python). One statement is a
+of work released or submitted; then, in a statement of its own once that one
+committed, it NOTIFYs waiting clients of the tasks it ended (notify_finished).
+Each kind of row travels as ONE parameter, a JSON array of row arrays in the
+column order of columns.py (msgspec encodes it in C, where psycopg would adapt
+arrays value by value in Python). One statement is a
 transaction by itself, so most batches cost one round trip; a batch that mixes
 submissions and transitions, or holds a migration that drops step rows after
 (`needs_transaction`), runs in a transaction.
@@ -33,13 +35,14 @@ import psycopg
 from psycopg.rows import dict_row
 
 from sasflow.errors import TaskConflictError
-from sasflow.model import claimable
+from sasflow.model import claimable, terminal
 from sasflow.store import columns, queries
 from sasflow.store.records import NewTask
 from sasflow.store.rows import Row, Table, implied_rows, submission_rows, task_values
 from sasflow.transition import Transition
 
-__all__ = ["Outcome", "Write", "insert_sync", "needs_transaction", "new_token", "write_batch",
+__all__ = ["Outcome", "Write", "insert_sync", "needs_transaction", "new_token", "notice_parts",
+           "write_batch",
            "written"]
 
 Write = Transition | NewTask
@@ -47,6 +50,7 @@ Outcome = bool | Exception  # applied / created, or why a submission was refused
 
 _Q = queries.load("postgres", "pyformat")
 _decode = msgspec.json.decode
+_NOTICE_BYTES = 7_900  # a NOTIFY payload must be shorter than 8,000 bytes
 _encode = msgspec.json.encode
 # the parameter of a bulk statement that carries each table's implied rows
 _PARAMETER: dict[Table, str] = {"steps": "steps", "history": "history", "outbox": "outbox",
@@ -84,9 +88,11 @@ def new_token() -> int:
 
 
 def _transition_row(t: Transition, now: float, token: int) -> Row:
-    # wake: when the task becomes claimable, if the transition releases it
+    # wake: when the task becomes claimable, if the transition releases it; finished:
+    # whether it ends the task
     wake = t.available_at if claimable(t.state, t.locked_by) else None
-    return {**task_values(t, now), "wake": wake, "token": token}
+    return {**task_values(t, now), "wake": wake, "finished": terminal(t.state),
+            "token": token}
 
 
 def _identity_outcome(task: NewTask, found: Mapping[str, Any]) -> Outcome:
@@ -115,6 +121,7 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
     batch's task rows in task-id order, so two batches never deadlock.
     """
     outcomes: list[Outcome] = [False] * len(batch)
+    ended: list[str] = []  # tasks the transitions ended: waiting clients are told
     index = {write.task_id: i for i, write in enumerate(batch)}
     transitions = [t for t in batch if isinstance(t, Transition)]
     submissions = [t for t in batch if isinstance(t, NewTask)]
@@ -129,7 +136,10 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
                                   if table != "drop"])
             await cur.execute(_Q["apply_transitions"], rows.params(
                 "transitions", "steps", "history", "outbox", "alerts"))
-            applied = await _answer(cur)
+            answer = await cur.fetchone()
+            assert answer is not None
+            applied = set(answer["written"] or ())
+            ended = answer["finished"] or []
             for t in transitions:
                 if t.task_id in applied:
                     outcomes[index[t.task_id]] = True
@@ -150,7 +160,26 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
                     outcomes[index[task.task_id]] = _identity_outcome(task, found[task.task_id])
         if drops.rows["drops"]:  # rows past the new shape's end: disjoint from those written
             await cur.execute(_Q["drop_steps"], drops.params("drops"))
+        for part in notice_parts(ended):  # (after the commit, unless the caller's
+            await cur.execute(_Q["notify_finished"], {"ids": part})  # transaction holds it)
     return outcomes
+
+
+def notice_parts(task_ids: Sequence[str]) -> list[str]:
+    """The ids, one per line, in payloads under NOTIFY's limit of 8,000 bytes."""
+    parts: list[str] = []
+    part: list[str] = []
+    size = 0
+    for task_id in task_ids:
+        length = len(task_id.encode()) + 1
+        if part and size + length > _NOTICE_BYTES:
+            parts.append("\n".join(part))
+            part, size = [], 0
+        part.append(task_id)
+        size += length
+    if part:
+        parts.append("\n".join(part))
+    return parts
 
 
 async def _answer(cur: psycopg.AsyncCursor[Any]) -> set[str]:

@@ -20,6 +20,8 @@ import collections
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
+from sasflow.store.postgres.flushers import Flushers
+
 __all__ = ["GroupCommit"]
 
 
@@ -43,23 +45,17 @@ class GroupCommit(Generic[W, R]):
     def __init__(self, write: Callable[[Sequence[W]], Awaitable[list[R | Exception]]], *,
                  in_flight: int = 8, max_batch: int = 128) -> None:
         self._write = write
-        self._in_flight = in_flight
         self._max_batch = max_batch
         self._waiting: collections.deque[tuple[W, asyncio.Future[R]]] = collections.deque()
-        self._flushers: set[asyncio.Task[None]] = set()
+        self._flushers = Flushers(self._write_all, in_flight)
 
     async def __call__(self, write: W) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((write, future))
-        if len(self._flushers) < self._in_flight:
-            # started as a task, it runs after the callbacks already due in this
-            # loop iteration: the replies that arrived together go together
-            flusher = asyncio.create_task(self._flush())
-            self._flushers.add(flusher)
-            flusher.add_done_callback(self._flushers.discard)
+        self._flushers.queued()
         return await future
 
-    async def _flush(self) -> None:
+    async def _write_all(self) -> None:
         while self._waiting:
             batch = self._take()
             if not batch:

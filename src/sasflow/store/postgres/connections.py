@@ -149,6 +149,11 @@ class Connections:
         are made again there)."""
         self._on_new_home = made
 
+    def is_home(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether `loop` is the pool's living home (not whether it would become it)."""
+        home = self._home
+        return home is loop or home is None or home.is_closed() or not home.is_running()
+
     def _home_for(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
         """The loop the pool lives in; `loop` becomes it if there is none alive."""
         with self._home_lock:

@@ -25,6 +25,11 @@ SELECT extract(epoch FROM clock_timestamp())::double precision AS now
 -- NOTIFY is transactional: it is delivered at commit, and not at all on rollback.
 LISTEN sasflow_work
 
+-- name: listen_finished
+-- Clients' waiters LISTEN here (wake.py FinishedListener); the payload is the ids of
+-- tasks a commit ended, one per line.
+LISTEN sasflow_finished
+
 -- name: select_task_identities
 SELECT task_id, workflow, input FROM tasks WHERE task_id = ANY(:task_ids)
 
@@ -123,10 +128,12 @@ wrote_outbox AS (
 --   epoch; a task not in it is left exactly as it was;
 -- - the implied rows are written for the applied transitions only: each unit's row
 --   with the values the transition carries (rows.implied_rows);
--- - idle schedulers are told (NOTIFY) when an applied transition released work.
+-- - idle schedulers are told (NOTIFY) when an applied transition released work;
+-- - it answers the ids of the tasks it ended, which waiting clients are told of
+--   after it committed (notify_finished).
 -- A batch holds one transition per task, so no step row comes twice (which
 -- ON CONFLICT DO UPDATE refuses). One statement is one transaction: it needs no
--- BEGIN or COMMIT. Answers the ids of the tasks it applied to.
+-- BEGIN or COMMIT. Answers the ids of the tasks it applied to, and of those it ended.
 WITH v AS ({transitions_rows}),
 locked AS (SELECT task_id FROM tasks WHERE task_id IN (SELECT task_id FROM v)
            ORDER BY task_id FOR UPDATE),
@@ -152,8 +159,19 @@ wrote_alerts AS (
 SELECT array_agg(w.task_id) AS written,
        (SELECT pg_notify('sasflow_work', min(v.wake)::text)::text
         FROM v WHERE v.wake IS NOT NULL AND v.task_id IN (SELECT task_id FROM written)
-        HAVING count(*) > 0) AS notified
+        HAVING count(*) > 0) AS notified,
+       (SELECT array_agg(v.task_id) FROM v
+        WHERE v.finished AND v.task_id IN (SELECT task_id FROM written)) AS finished
 FROM written w
+
+-- name: notify_finished
+-- The tasks a committed batch ended, one id per line (a task id is printable): sent
+-- as a statement of its own, after the batch's. A NOTIFY in a writing transaction
+-- holds the database's notify lock through the commit's WAL flush, so batches that
+-- notified committed one at a time instead of sharing flushes (group commit); in a
+-- statement that writes nothing it holds it for a moment. A batch whose answer is
+-- lost tells no one: waiting clients poll too.
+SELECT pg_notify('sasflow_finished', :ids)
 
 -- name: insert_tasks
 -- A batch of submissions in one statement (parameters: the tasks, their steps,

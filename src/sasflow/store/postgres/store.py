@@ -15,7 +15,8 @@ already use.
   commit's answer was lost is found again by its token, so no write is lost or
   applied twice by a restart.
 * wake-ups: whatever makes work claimable NOTIFYs in its transaction; `watch`
-  LISTENs, so idle schedulers anywhere wake when work appears instead of polling.
+  LISTENs, so idle schedulers anywhere wake when work appears instead of polling;
+  a batch that ends tasks NOTIFYs their ids, which `on_finished` hears (wake.py).
 * connections, faults and the database's clock: connections.py.
 
 Times are seconds since the epoch (double precision) so the planner is the same
@@ -27,6 +28,7 @@ in a schema of their own add ``?options=-csearch_path%3DNAME``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -51,7 +53,8 @@ from sasflow.store.postgres.bulk import (
 )
 from sasflow.store.postgres.commit import GroupCommit
 from sasflow.store.postgres.connections import Connections, Lost
-from sasflow.store.postgres.wake import listen_for_work
+from sasflow.store.postgres.reads import GuestReads, ReadBatch
+from sasflow.store.postgres.wake import FinishedListener, listen_for_work
 from sasflow.store.records import NewTask
 from sasflow.store.rows import Row, attach_steps, check_legal, claim_transition, task_from_row
 from sasflow.store.sql_store import SQLStore, Statement
@@ -81,6 +84,13 @@ class PostgresStore(SQLStore):
             self._db.reconnect_for = reconnect_for
         self.conninfo = conninfo
         self._commit: GroupCommit[Write, bool] | None = None
+        self._reads: ReadBatch | None = None
+        self._finished = FinishedListener(conninfo, self._db.connect_timeout())
+        self._guests = GuestReads(
+            conninfo, statement=_read_text_of, setup=_Q["session_setup"],
+            rows_to_tasks=_tasks_and_their_steps,
+            connect_timeout=self._db.connect_timeout(),
+            fallback=lambda ids: self._db.at_home(lambda: self._read_at_home(ids)))
         self._db.on_new_home(self._new_home)
 
     @classmethod
@@ -118,6 +128,7 @@ class PostgresStore(SQLStore):
 
     def _new_home(self) -> None:
         self._commit = GroupCommit(self._write_batch)
+        self._reads = ReadBatch(self._read_at_home)
 
     async def _run(self, job: Any, **how: Any) -> Any:
         return await self._db.at_home(lambda: self._db.run(job, **how))
@@ -195,6 +206,22 @@ class PostgresStore(SQLStore):
 
         return await self._db.at_home(enqueue)
 
+    # ------------------------------------------------------------ reading
+    async def get(self, task_id: str) -> Task | None:
+        """Concurrent reads share one statement; a read from another loop than the
+        pool's is answered on a connection of that loop (reads.py)."""
+        if self._db.opened and not self._db.is_home(asyncio.get_running_loop()):
+            return await self._guests.get(task_id)
+
+        async def read() -> Task | None:
+            assert self._reads is not None
+            return await self._reads(task_id)
+
+        return await self._db.at_home(read)
+
+    async def _read_at_home(self, task_ids: Sequence[str]) -> list[Task]:
+        return await self._fetch_tasks(*_read_of(task_ids))
+
     # ------------------------------------------------------------ submission
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
         if isinstance(connection, psycopg.AsyncConnection):
@@ -269,15 +296,32 @@ class PostgresStore(SQLStore):
 
     # ------------------------------------------------------------ wake-ups
     def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
-        """Not heard across processes yet: a client waiting here polls."""
-        return lambda: None
+        """Call `finished(task_id)`, from another thread, when a commit by any process
+        ends a task (wake.py: LISTEN on a connection of its own); returns the
+        unsubscribe."""
+        return self._finished.subscribe(finished)
 
     async def watch(self, wake: Callable[[float], None]) -> None:
         await listen_for_work(self.conninfo, self._db, wake)
 
     async def close(self) -> None:
-        self._commit = None
+        self._commit = self._reads = None
+        await asyncio.to_thread(self._finished.close)
+        await self._guests.close()
         await self._db.close()
+
+
+def _read_of(task_ids: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """The statement that reads these tasks: one alone by `task_id = %s` (a one-element
+    array parameter costs ~100 µs more to adapt and parse, benchmarks.md)."""
+    if len(task_ids) == 1:
+        return "select_task", {"task_id": task_ids[0]}
+    return "select_tasks", {"task_ids": list(task_ids)}
+
+
+def _read_text_of(task_ids: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    name, params = _read_of(task_ids)
+    return _Q[name], params
 
 
 def _tasks_and_their_steps(rows: Iterable[Row]) -> list[Task]:

@@ -1,8 +1,24 @@
-"""Waking idle schedulers on PostgreSQL: whatever makes work claimable NOTIFYs in its
-transaction (bulk.py's statements), delivered at commit; `listen_for_work` LISTENs."""
+"""Wake-ups on PostgreSQL, by LISTEN/NOTIFY: NOTIFY is transactional, delivered at
+commit and never on rollback, so a listener hears only what happened.
+
+* ``sasflow_work``: whatever makes work claimable NOTIFYs, in its statement, when
+  the work becomes claimable (bulk.py); `listen_for_work` wakes idle schedulers.
+* ``sasflow_finished``: once a batch that ends tasks committed, its writer NOTIFYs
+  their ids, one per line, in payloads under PostgreSQL's 8000-byte limit
+  (bulk.py, queries.sql notify_finished: not in the batch's own transaction,
+  where the notify lock would be held through its WAL flush);
+  `FinishedListener` tells a client's waiters, in whatever process they are.
+
+A channel is the database's, not a schema's: stores of other schemas of the same
+database may be heard too, and a listener treats what it hears as a hint to read
+the store, never as the truth.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 from collections.abc import Callable
 
 import psycopg
@@ -10,9 +26,13 @@ import psycopg
 from sasflow.store import queries
 from sasflow.store.postgres.connections import Connections
 
-__all__ = ["listen_for_work"]
+__all__ = ["FinishedListener", "listen_for_work"]
+
+log = logging.getLogger("sasflow.store.postgres")
 
 _Q = queries.load("postgres", "pyformat")
+_LOOK_S = 0.5  # how often the listener's thread sees whether it should stop
+_RETRY_MAX_S = 2.0
 
 
 async def listen_for_work(conninfo: str, db: Connections, wake: Callable[[float], None]
@@ -38,3 +58,70 @@ async def listen_for_work(conninfo: str, db: Connections, wake: Callable[[float]
                         wake(db.now())
         except psycopg.OperationalError as error:
             await backoff.wait(error)
+
+
+class FinishedListener:
+    """Calls its subscribers with the id of every task that a commit, by any process,
+    ended. Its thread and connection start with the first subscriber (the waiters of
+    a client may live on any event loop, as the SQLite store's wake channel serves
+    them) and stop at `close`. While its connection is down nothing is heard: the
+    waiters' polling is the safety net."""
+
+    def __init__(self, conninfo: str, connect_timeout: int) -> None:
+        self._conninfo = conninfo
+        self._connect_timeout = connect_timeout
+        self._lock = threading.Lock()
+        self._subscribers: list[Callable[[str], None]] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.listening = threading.Event()  # set while LISTEN is in effect
+
+    def subscribe(self, finished: Callable[[str], None]) -> Callable[[], None]:
+        """Call `finished(task_id)`, from the listener's thread; returns the unsubscribe."""
+        with self._lock:
+            self._subscribers.append(finished)
+            if self._thread is None:
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._listen, daemon=True,
+                                                name="sasflow-pg-finished")
+                self._thread.start()
+
+        def unsubscribe() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._subscribers.remove(finished)
+
+        return unsubscribe
+
+    def close(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2 * _LOOK_S)
+
+    def _listen(self) -> None:
+        delay = 0.05
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True,
+                                     connect_timeout=self._connect_timeout) as conn:
+                    conn.execute(_Q["listen_finished"])
+                    self.listening.set()
+                    delay = 0.05
+                    while not self._stop.is_set():
+                        for notice in conn.notifies(timeout=_LOOK_S):
+                            if notice.channel == "sasflow_finished":
+                                self._tell(notice.payload.split("\n"))
+            except psycopg.Error as error:
+                self.listening.clear()
+                log.debug("listening for finished tasks: %s", error)
+                self._stop.wait(delay)
+                delay = min(delay * 2, _RETRY_MAX_S)
+        self.listening.clear()
+
+    def _tell(self, task_ids: list[str]) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for task_id in task_ids:
+            for finished in subscribers:
+                finished(task_id)
