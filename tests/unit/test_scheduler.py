@@ -5,9 +5,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+import sasflow.scheduler as scheduler_module
 from sasflow import App, Step
-from sasflow.agent import AgentRequest
+from sasflow.agent import AgentRequest, AgentRuntime
 from sasflow.model import Task
+from sasflow.scheduler import Scheduler
+from sasflow.transport.memory import MemoryTransport
 
 
 async def test_a_wake_up_while_every_slot_is_busy_claims_nothing(db_url: str) -> None:
@@ -114,3 +119,98 @@ async def test_a_claim_that_commits_as_the_worker_stops_is_handed_back(db_url: s
     task = await app.aget("t1")
     assert (task.state.value, task.locked_by, task.failure_count) == ("pending", None, 0)
     await app._store.close()
+
+
+class _UnconfirmedRequests(MemoryTransport):
+    """Delivers every message at once, but confirms requests only when told: a broker
+    whose confirm lags behind the agent's reply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.confirm = asyncio.Event()
+
+    async def publish(self, queue: str, body: bytes) -> None:
+        await super().publish(queue, body)
+        if queue.startswith("sasflow.agent."):
+            await self.confirm.wait()
+
+
+async def test_a_reply_is_applied_without_waiting_for_its_requests_confirm(
+        db_url: str) -> None:
+    """The step waits for its reply, not for the broker's confirm of its request: the
+    task ends while no request was ever confirmed."""
+    app = App(store=db_url)
+
+    @app.agent("remote")
+    async def remote(req: AgentRequest) -> dict[str, str]:
+        return {"step": req.step}
+
+    app.workflow("wf", steps=[Step("a", agent="remote", timeout=60.0),
+                              Step("b", agent="remote", timeout=60.0)])
+    transport = _UnconfirmedRequests()
+    scheduler = Scheduler(app._store, transport, app._plans(), instance_id="sched-1")
+    agents = AgentRuntime(transport, [remote], clock=app._store.now)
+    running = [asyncio.create_task(scheduler.run()), asyncio.create_task(agents.run())]
+    try:
+        await app.asubmit("wf", {}, task_id="t1")
+        task = await app.await_("t1", timeout=30)
+        assert task.state.value == "processed"
+        assert not transport.confirm.is_set()
+        assert len(scheduler._sending) == 2  # both publishes still wait for their confirm
+        transport.confirm.set()
+        async with asyncio.timeout(10):  # a hang guard, not a speed claim
+            while scheduler._sending:  # ... and end once confirmed
+                await asyncio.sleep(0.001)
+    finally:
+        for role in running:
+            role.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await app._store.close()
+
+
+async def test_a_finished_task_costs_no_claim_when_the_last_claim_took_all_there_was(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver that ends frees a slot; the loop looks for work then only if its last
+    claim may have left some for want of slots (here it took the only task)."""
+    monkeypatch.setattr(scheduler_module, "_FIRST_POLL", 600.0)  # no polling in the test
+    app = App(store=db_url)
+    done = asyncio.Event()
+
+    @app.agent("remote")
+    async def remote(req: AgentRequest) -> dict[str, str]:
+        return {}
+
+    app.workflow("wf", steps=[Step("s", agent="remote", timeout=60.0)])
+    worker = app._worker(concurrency=4, roles=["scheduler", "agent"])
+    scheduler = worker.scheduler
+    assert scheduler is not None
+    claims: list[int] = []
+    claim = app._store.claim
+
+    async def counted(owner: str, limit: int, rules: Any) -> list[Task]:
+        claims.append(limit)
+        return await claim(owner, limit, rules)
+
+    app._store.claim = counted  # type: ignore[method-assign]
+    finished = scheduler._driver_done
+
+    def driver_done(driver: asyncio.Task[None]) -> None:
+        finished(driver)
+        done.set()
+
+    scheduler._driver_done = driver_done  # type: ignore[method-assign]
+    running = asyncio.create_task(worker.run())
+    try:
+        await app.asubmit("wf", {}, task_id="t1")
+        assert (await app.await_("t1", timeout=30)).state.value == "processed"
+        async with asyncio.timeout(10):  # a hang guard, not a speed claim
+            await done.wait()
+        before = len(claims)
+        for _ in range(5):  # let a woken loop run, were it woken
+            await asyncio.sleep(0)
+        assert not scheduler._wake.is_set()
+        assert len(claims) == before
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await app._store.close()
