@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Callable, Mapping
 
@@ -59,7 +58,6 @@ class Scheduler:
         self._held: dict[str, Task] = {}  # the tasks this instance drives, by id
         self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply | None]]] = {}
         self._drivers: set[asyncio.Task[None]] = set()
-        self._sending: set[asyncio.Future[None]] = set()  # publishes outlived by their reply
         self._wake = asyncio.Event()
         self._short_of_slots = False  # the last claim may have left work for want of slots
         # a lost broker fails every driver at once: one line per cause, not a traceback each
@@ -90,10 +88,9 @@ class Scheduler:
         finally:
             consumer.cancel()
             watcher.cancel()
-            for pending in [*self._drivers, *self._sending]:
-                pending.cancel()
-            await asyncio.gather(consumer, watcher, *self._drivers, *self._sending,
-                                 return_exceptions=True)
+            for driver in list(self._drivers):
+                driver.cancel()
+            await asyncio.gather(consumer, watcher, *self._drivers, return_exceptions=True)
             await self._release_held()
 
     async def _release_held(self) -> None:
@@ -240,26 +237,13 @@ class Scheduler:
         # a plain timer, not asyncio.timeout(): this runs once per step
         delay = max(0.0, request.complete_by - self.store.now())
         timer = loop.call_later(delay, _give_up, future)
-        sending: asyncio.Future[None] | None = None
         try:
             if failpoints.ARMED: await failpoints.hit("scheduler.before_publish")  # noqa: E701
-            # The reply, not the broker's confirm, is what the step waits for: a reply
-            # can only come from a request that was delivered, and it often comes
-            # before the confirm does (RabbitMQ confirms a persistent message once it
-            # is on disk or acked). A failed publish fails the exchange as before.
-            sending = asyncio.ensure_future(
-                self.transport.publish(agent_queue(request.agent), body))
-            sending.add_done_callback(functools.partial(_fail_with, future))
+            await self.transport.publish(agent_queue(request.agent), body)
             return await future
         finally:
             timer.cancel()
             self._waiting.pop(request.task_id, None)
-            if sending is not None and not sending.done():
-                if future.done() and not future.cancelled():
-                    self._sending.add(sending)  # let it finish: the reply came first
-                    sending.add_done_callback(self._sending.discard)
-                else:  # the driver was stopped: so is its publish
-                    sending.cancel()
 
     def _request(self, task: Task) -> Request:
         record = task.steps[task.cursor]
@@ -290,15 +274,6 @@ def _refused(request: Request, error: str) -> Reply:
     log.error("%s/%s: %s", request.task_id, request.step, error)
     return Reply(task_id=request.task_id, step=request.step, phase=request.phase,
                  epoch=request.epoch, ok=False, error=error, permanent=True)
-
-
-def _fail_with(future: asyncio.Future[Reply | None], sending: asyncio.Future[None]) -> None:
-    """A request's publish ended: if it failed, so does the exchange waiting on it."""
-    if sending.cancelled():
-        return
-    error = sending.exception()
-    if error is not None and not future.done():
-        future.set_exception(error)
 
 
 def _give_up(future: asyncio.Future[Reply | None]) -> None:

@@ -9,10 +9,8 @@ import pytest
 
 import sasflow.scheduler as scheduler_module
 from sasflow import App, Step
-from sasflow.agent import AgentRequest, AgentRuntime
+from sasflow.agent import AgentRequest
 from sasflow.model import Task
-from sasflow.scheduler import Scheduler
-from sasflow.transport.memory import MemoryTransport
 
 
 async def test_a_wake_up_while_every_slot_is_busy_claims_nothing(db_url: str) -> None:
@@ -119,53 +117,6 @@ async def test_a_claim_that_commits_as_the_worker_stops_is_handed_back(db_url: s
     task = await app.aget("t1")
     assert (task.state.value, task.locked_by, task.failure_count) == ("pending", None, 0)
     await app._store.close()
-
-
-class _UnconfirmedRequests(MemoryTransport):
-    """Delivers every message at once, but confirms requests only when told: a broker
-    whose confirm lags behind the agent's reply."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.confirm = asyncio.Event()
-
-    async def publish(self, queue: str, body: bytes) -> None:
-        await super().publish(queue, body)
-        if queue.startswith("sasflow.agent."):
-            await self.confirm.wait()
-
-
-async def test_a_reply_is_applied_without_waiting_for_its_requests_confirm(
-        db_url: str) -> None:
-    """The step waits for its reply, not for the broker's confirm of its request: the
-    task ends while no request was ever confirmed."""
-    app = App(store=db_url)
-
-    @app.agent("remote")
-    async def remote(req: AgentRequest) -> dict[str, str]:
-        return {"step": req.step}
-
-    app.workflow("wf", steps=[Step("a", agent="remote", timeout=60.0),
-                              Step("b", agent="remote", timeout=60.0)])
-    transport = _UnconfirmedRequests()
-    scheduler = Scheduler(app._store, transport, app._plans(), instance_id="sched-1")
-    agents = AgentRuntime(transport, [remote], clock=app._store.now)
-    running = [asyncio.create_task(scheduler.run()), asyncio.create_task(agents.run())]
-    try:
-        await app.asubmit("wf", {}, task_id="t1")
-        task = await app.await_("t1", timeout=30)
-        assert task.state.value == "processed"
-        assert not transport.confirm.is_set()
-        assert len(scheduler._sending) == 2  # both publishes still wait for their confirm
-        transport.confirm.set()
-        async with asyncio.timeout(10):  # a hang guard, not a speed claim
-            while scheduler._sending:  # ... and end once confirmed
-                await asyncio.sleep(0.001)
-    finally:
-        for role in running:
-            role.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        await app._store.close()
 
 
 async def test_a_finished_task_costs_no_claim_when_the_last_claim_took_all_there_was(
