@@ -23,7 +23,7 @@ from sasflow.store.records import NewTask
 
 __all__ = ["APPLICATION_NAME", "OwnConnection"]
 
-# how the connection shows in pg_stat_activity
+# how the connection shows in pg_stat_activity, unless the URL names its connections
 APPLICATION_NAME = "sasflow-submit"
 
 
@@ -49,9 +49,11 @@ class OwnConnection:
         with self._lock:
             try:
                 if self._conn is None or self._conn.closed:
+                    # the URL's application name, if it gives one, is kept
+                    given = psycopg.conninfo.conninfo_to_dict(self._conninfo)
+                    name = given.get("application_name", APPLICATION_NAME)
                     self._conn = psycopg.connect(self._conninfo, autocommit=True,
-                                                 connect_timeout=5,
-                                                 application_name=APPLICATION_NAME)
+                                                 connect_timeout=5, application_name=name)
                 return store.submit_in(self._conn, task)
             except psycopg.OperationalError:
                 self._close()

@@ -32,6 +32,7 @@ __all__ = ["Scheduler"]
 
 log = logging.getLogger("sasflow.scheduler")
 
+_FIRST_POLL = 0.005  # seconds before the first claim attempt of an idle spell
 _IDLE_POLL_MAX = 0.25  # seconds between claim attempts when there is no work
 # ... when the store tells of new work (PostgreSQL's NOTIFY): polling is then
 # only the safety net, not how work is found
@@ -58,6 +59,7 @@ class Scheduler:
         self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply | None]]] = {}
         self._drivers: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self._short_of_slots = False  # the last claim may have left work for want of slots
         # a lost broker fails every driver at once: one line per cause, not a traceback each
         self._failures = Repeats(log, "task driver failed; its task is left to the supervisor")
 
@@ -104,12 +106,13 @@ class Scheduler:
 
     async def _claim_loop(self, watcher: asyncio.Task[None]) -> None:
         loop = asyncio.get_running_loop()
-        idle = 0.005
+        idle = _FIRST_POLL
         last_claim = 0.0
         while True:
             # cleared before looking, so a wake-up that comes while we look is kept
             self._wake.clear()
             free = self.concurrency - len(self._drivers)
+            self._short_of_slots = free <= 0
             if free > 0:
                 try:
                     claimed = await self._claim(free)
@@ -129,8 +132,13 @@ class Scheduler:
                     self._drivers.add(driver)
                     driver.add_done_callback(self._driver_done)
                 if claimed:
-                    idle = 0.005
+                    if watcher.done():
+                        # nothing tells of new work: look again soon. When the store
+                        # does tell, an early look after each claim only finds nothing,
+                        # a round trip to the store in the middle of the tasks it claimed
+                        idle = _FIRST_POLL
                     if len(claimed) == free:
+                        self._short_of_slots = True
                         continue  # there may be more: come back when a slot frees
                     previous, last_claim = last_claim, loop.time()
                     if last_claim - previous < _BUSY_GAP:
@@ -165,7 +173,11 @@ class Scheduler:
         error = None if driver.cancelled() else driver.exception()
         if error is not None:  # its task is left to the supervisor (see _drive)
             self._failures.failed(error)
-        self._wake.set()  # a slot is free
+        if self._short_of_slots:
+            # a slot is free, and work may be waiting for one. Otherwise the last claim
+            # took all there was, and new work wakes the loop itself: looking now would
+            # cost a claim per task for nothing
+            self._wake.set()
 
     async def _drive(self, task: Task) -> None:
         """Run the task's units one after another while this instance holds it."""

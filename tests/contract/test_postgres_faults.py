@@ -236,8 +236,11 @@ async def test_postgres_write_gives_up_after_reconnect_for(
 async def test_postgres_app_finishes_every_task_once_while_its_connections_are_killed(
         make_store: StoreFactory) -> None:
     """200 three-step tasks while the server ends the store's connections again and
-    again: all processed, each step completed exactly once, no error to the caller."""
+    again: all processed, each step completed exactly once, no error to the caller.
+    Every task's second step waits until three rounds of killing have happened, so
+    the tasks are in flight through them however fast the machine is."""
     name = f"sasflow-faults-{uuid.uuid4().hex[:10]}"
+    three_rounds = threading.Event()
     url = postgres(make_store).conninfo
     app = App(store=f"{url}&application_name={name}")
 
@@ -245,6 +248,8 @@ async def test_postgres_app_finishes_every_task_once_while_its_connections_are_k
         @app.agent(agent)
         async def step(req: AgentRequest) -> dict[str, Any]:
             await asyncio.sleep(0.002)
+            while req.step == "two" and not three_rounds.is_set():
+                await asyncio.sleep(0.01)  # (a positive signal, set by the killer)
             return {"n": req.input["n"], "step": req.step}
 
     app.workflow("three", steps=[Step("one", agent="a", timeout=10.0),
@@ -275,7 +280,10 @@ async def test_postgres_app_finishes_every_task_once_while_its_connections_are_k
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE application_name = %s", (name,))
                 killed.append(len(await cur.fetchall()))
+                if len(killed) == 3:
+                    three_rounds.set()
                 await asyncio.sleep(0.25)
+            three_rounds.set()
 
     done, _ = await asyncio.gather(asyncio.to_thread(run), kill())
     assert len(killed) >= 3 and sum(killed) >= 3  # the connections really were ended

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+import sasflow.scheduler as scheduler_module
 from sasflow import App, Step
 from sasflow.agent import AgentRequest
 from sasflow.model import Task
@@ -114,3 +117,51 @@ async def test_a_claim_that_commits_as_the_worker_stops_is_handed_back(db_url: s
     task = await app.aget("t1")
     assert (task.state.value, task.locked_by, task.failure_count) == ("pending", None, 0)
     await app._store.close()
+
+
+async def test_a_finished_task_costs_no_claim_when_the_last_claim_took_all_there_was(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver that ends frees a slot; the loop looks for work then only if its last
+    claim may have left some for want of slots (here it took the only task)."""
+    monkeypatch.setattr(scheduler_module, "_FIRST_POLL", 600.0)  # no polling in the test
+    app = App(store=db_url)
+    done = asyncio.Event()
+
+    @app.agent("remote")
+    async def remote(req: AgentRequest) -> dict[str, str]:
+        return {}
+
+    app.workflow("wf", steps=[Step("s", agent="remote", timeout=60.0)])
+    worker = app._worker(concurrency=4, roles=["scheduler", "agent"])
+    scheduler = worker.scheduler
+    assert scheduler is not None
+    claims: list[int] = []
+    claim = app._store.claim
+
+    async def counted(owner: str, limit: int, rules: Any) -> list[Task]:
+        claims.append(limit)
+        return await claim(owner, limit, rules)
+
+    app._store.claim = counted  # type: ignore[method-assign]
+    finished = scheduler._driver_done
+
+    def driver_done(driver: asyncio.Task[None]) -> None:
+        finished(driver)
+        done.set()
+
+    scheduler._driver_done = driver_done  # type: ignore[method-assign]
+    running = asyncio.create_task(worker.run())
+    try:
+        await app.asubmit("wf", {}, task_id="t1")
+        assert (await app.await_("t1", timeout=30)).state.value == "processed"
+        async with asyncio.timeout(10):  # a hang guard, not a speed claim
+            await done.wait()
+        before = len(claims)
+        for _ in range(5):  # let a woken loop run, were it woken
+            await asyncio.sleep(0)
+        assert not scheduler._wake.is_set()
+        assert len(claims) == before
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await app._store.close()
