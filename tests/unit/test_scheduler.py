@@ -13,6 +13,18 @@ from sasflow.agent import AgentRequest
 from sasflow.model import Task
 
 
+def counting_claims(app: App) -> list[int]:
+    """The limit of every claim the app's store is asked for, as they come."""
+    claims: list[int] = []
+    claim = app._store.claim
+
+    async def counted(owner: str, limit: int, rules: Any) -> list[Task]:
+        claims.append(limit)
+        return await claim(owner, limit, rules)
+
+    app._store.claim = counted  # type: ignore[method-assign]
+    return claims
+
 async def test_a_wake_up_while_every_slot_is_busy_claims_nothing(db_url: str) -> None:
     """With every slot taken, a wake-up is taken in (the event is cleared) without a
     claim; the waiting task is claimed once a slot frees."""
@@ -28,14 +40,7 @@ async def test_a_wake_up_while_every_slot_is_busy_claims_nothing(db_url: str) ->
     worker = app._worker(concurrency=1, roles=["scheduler", "agent"])
     scheduler = worker.scheduler
     assert scheduler is not None
-    claims: list[int] = []
-    claim = app._store.claim
-
-    async def counted(owner: str, limit: int, rules: Any) -> list[Task]:
-        claims.append(limit)
-        return await claim(owner, limit, rules)
-
-    app._store.claim = counted  # type: ignore[method-assign]
+    claims = counting_claims(app)
     running = asyncio.create_task(worker.run())
     try:
         await app.asubmit("wf", {}, task_id="t1")
@@ -135,14 +140,7 @@ async def test_a_finished_task_costs_no_claim_when_the_last_claim_took_all_there
     worker = app._worker(concurrency=4, roles=["scheduler", "agent"])
     scheduler = worker.scheduler
     assert scheduler is not None
-    claims: list[int] = []
-    claim = app._store.claim
-
-    async def counted(owner: str, limit: int, rules: Any) -> list[Task]:
-        claims.append(limit)
-        return await claim(owner, limit, rules)
-
-    app._store.claim = counted  # type: ignore[method-assign]
+    claims = counting_claims(app)
     finished = scheduler._driver_done
 
     def driver_done(driver: asyncio.Task[None]) -> None:
