@@ -2,7 +2,7 @@
 
 For each claimed task a driver sends the current unit's request to its agent
 and waits for the reply until the unit's complete-by. A reply becomes a
-Transition (plan.py) applied with the fence `locked_by = me AND epoch = mine`:
+Transition (the planner, plan/) applied with the fence `locked_by = me AND epoch = mine`:
 if the task was taken away meanwhile, nothing is written and the driver lets
 go. No reply by the complete-by: the driver simply stops (E7); the supervisor
 will find the task and release it. A restarted or different instance resumes
