@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from msgspec import inspect
@@ -31,15 +31,19 @@ def _compile(name: str, parameters: str, expression: str, names: dict[str, Any]
              ) -> Callable[..., Any]:
     scope: dict[str, Any] = {}
     exec(f"def {name}({parameters}):\n    return {expression}", names, scope)
-    return scope[name]  # type: ignore[no-any-return]
+    return cast(Callable[..., Any], scope[name])
+
+
+def _fields(struct: type[msgspec.Struct]) -> tuple[inspect.Field, ...]:
+    info = inspect.type_info(struct)
+    assert isinstance(info, inspect.StructType)
+    return info.fields
 
 
 def _kinds(struct: type[msgspec.Struct]) -> dict[str, str]:
     """Each field's kind as a row holds it: enum, bool, json or plain."""
-    info = inspect.type_info(struct)
-    assert isinstance(info, inspect.StructType)
     kinds = {}
-    for field in info.fields:
+    for field in _fields(struct):
         kind = field.type
         if isinstance(kind, inspect.UnionType):  # X | None
             kinds_of = [t for t in kind.types if not isinstance(t, inspect.NoneType)]
@@ -86,7 +90,7 @@ def as_row(source: type[msgspec.Struct], columns: Iterable[str], **given: str
 def from_row(target: type[msgspec.Struct], columns: Iterable[str]) -> Callable[..., Any]:
     """`record(row)`: a `target` from a row read by name, its fields that are columns."""
     kinds = _kinds(target)
-    types = {field.name: field.type for field in inspect.type_info(target).fields}  # type: ignore[attr-defined]
+    types = {field.name: field.type for field in _fields(target)}
     names: dict[str, Any] = {"Target": target, "decode": _decode}
     items = []
     for field in kinds:
@@ -109,4 +113,4 @@ def from_row(target: type[msgspec.Struct], columns: Iterable[str]) -> Callable[.
 def _enum_of(kind: Any) -> type[enum.Enum]:
     if isinstance(kind, inspect.UnionType):
         kind = next(t for t in kind.types if isinstance(t, inspect.EnumType))
-    return kind.cls  # type: ignore[no-any-return]
+    return cast(type[enum.Enum], kind.cls)
