@@ -178,13 +178,14 @@ def task_values(t: Transition, now: float) -> Row:
     id, epoch, state, owner, unit, version, expired-before, and the lease's name,
     holder and epoch, None when the writer holds no lease)."""
     lease = t.lease
-    return {"state": t.state.value, "phase": t.phase.value, "cursor": t.cursor,
+    # (the states and phases are str enums: each is its value already)
+    return {"state": t.state, "phase": t.phase, "cursor": t.cursor,
             "locked_by": t.locked_by, "complete_by": t.complete_by,
             "available_at": t.available_at, "failure_count": t.failure_count,
             "error": t.error, "new_epoch": t.new_epoch, "updated_at": now,
             "version": t.version,
-            "task_id": t.task_id, "epoch": t.epoch, "from_state": t.from_state.value,
-            "owner": t.owner, "from_phase": t.from_phase.value, "from_cursor": t.from_cursor,
+            "task_id": t.task_id, "epoch": t.epoch, "from_state": t.from_state,
+            "owner": t.owner, "from_phase": t.from_phase, "from_cursor": t.from_cursor,
             "from_version": t.from_version, "expired_before": t.expired_before,
             "lease": lease and lease.name, "lease_holder": lease and lease.holder,
             "lease_epoch": lease and lease.epoch}
@@ -202,15 +203,13 @@ def implied_rows(t: Transition, now: float) -> Iterator[tuple[Table, Row]]:
     epoch = t.new_epoch
     if t.steps_from is not None:  # a migration to a shorter shape (disjoint from its units)
         yield "drop", {"task_id": t.task_id, "idx": t.steps_from}
-    yield "history", _history(t.task_id, now, t.actor, epoch, t.from_state.value,
-                              t.state.value, t.why)
+    yield "history", _history(t.task_id, now, t.actor, epoch, t.from_state, t.state, t.why)
     for unit in t.units:
         yield "steps", unit_row(t.task_id, unit, now)
         if not unit.in_history:  # a step's row showing where its compensation stands
             continue
         yield "history", _history(t.task_id, now, t.actor, epoch,
-                                  unit.from_state.value if unit.from_state else None,
-                                  unit.state.value, None, unit.name, unit.phase.value)
+                                  unit.from_state, unit.state, None, unit.name, unit.phase)
     if t.reply_to:
         for event, step in t.events:
             yield "outbox", status_row(t.reply_to, t.task_id, event, t.state, step, now,
