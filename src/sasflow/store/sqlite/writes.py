@@ -23,10 +23,15 @@ __all__ = ["Deferred", "apply", "insert", "statements"]
 
 _Q = queries.load("sqlite", "named")
 _decode = msgspec.json.decode
+# the statements of every transition and submission, bound by position (queries.py)
+_BY_POSITION = {name: queries.positional(_Q[name]) for name in (
+    "apply_transition", "insert_task", "insert_step", "upsert_step", "insert_history",
+    "insert_outbox", "insert_alert", "drop_steps")}
 # the statement that writes each table's implied rows
-_WRITES: dict[Table, str] = {
-    "steps": _Q["upsert_step"], "history": _Q["insert_history"],
-    "outbox": _Q["insert_outbox"], "alerts": _Q["insert_alert"], "drop": _Q["drop_steps"]}
+_WRITES: dict[Table, queries.Positional] = {
+    "steps": _BY_POSITION["upsert_step"], "history": _BY_POSITION["insert_history"],
+    "outbox": _BY_POSITION["insert_outbox"], "alerts": _BY_POSITION["insert_alert"],
+    "drop": _BY_POSITION["drop_steps"]}
 
 
 def statements() -> dict[str, str]:
@@ -39,7 +44,7 @@ class Deferred:
     or before the next job that reads steps (a claim), which flushes first."""
 
     def __init__(self) -> None:
-        self.rows: dict[str, list[Row]] = {}
+        self.rows: dict[queries.Positional, list[Row]] = {}
 
     def add(self, table: Table, row: Row) -> None:
         self.rows.setdefault(_WRITES[table], []).append(row)
@@ -48,7 +53,7 @@ class Deferred:
         # dicts keep insertion order: statements run in the order first used
         rows, self.rows = self.rows, {}
         for statement, values in rows.items():
-            conn.executemany(statement, values)
+            conn.executemany(statement.text, map(statement.values, values))
 
     def clear(self) -> None:
         self.rows = {}
@@ -57,7 +62,8 @@ class Deferred:
 def apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: Deferred) -> bool:
     """Apply one fenced transition inside the writer's transaction."""
     check_legal(t)
-    if not conn.execute(_Q["apply_transition"], task_values(t, now)).rowcount:
+    fenced = _BY_POSITION["apply_transition"]
+    if not conn.execute(fenced.text, fenced.values(task_values(t, now))).rowcount:
         return False
     for table, row in implied_rows(t, now):
         deferred.add(table, row)
@@ -68,7 +74,8 @@ def insert(conn: sqlite3.Connection, task: NewTask, now: float) -> bool:
     """Write a new task and its rows; False if it exists (TaskConflictError if it exists
     with another workflow or input: the original stays as it was)."""
     row, implied = submission_rows(task, now)
-    if not conn.execute(_Q["insert_task"], row).rowcount:
+    insert_task, insert_step = _BY_POSITION["insert_task"], _BY_POSITION["insert_step"]
+    if not conn.execute(insert_task.text, insert_task.values(row)).rowcount:
         found: Any = conn.execute(_Q["select_task_identity"], {"task_id": task.task_id}
                                   ).fetchone()
         if found is not None and (found["workflow"] != task.workflow
@@ -76,9 +83,9 @@ def insert(conn: sqlite3.Connection, task: NewTask, now: float) -> bool:
             raise TaskConflictError(f"task {task.task_id} exists with another workflow or input",
                                     task_id=task.task_id)
         return False
-    conn.executemany(_Q["insert_step"], [values for table, values in implied
-                                         if table == "steps"])
+    conn.executemany(insert_step.text, [insert_step.values(values) for table, values in implied
+                                        if table == "steps"])
     for table, values in implied:
         if table != "steps":  # its history row, and its first status message if any
-            conn.execute(_WRITES[table], values)
+            conn.execute(_WRITES[table].text, _WRITES[table].values(values))
     return True
