@@ -19,10 +19,13 @@ with queues of its own:
 
 Phases (--phases, default tp,lat,crash):
   tp     N tasks, each --styles (sequential, concurrent, presubmitted: as in
-         bench/throughput.py) and --variants (noop, sleep10ms); tasks/s and
+         bench/throughput.py; clients, only here: up to 256 clients at once, each
+         submitting one task and awaiting it before the next client starts, as
+         the request handlers of a web app under load; run it by naming it in
+         --styles) and --variants (noop, sleep10ms); tasks/s and
          completed steps/s (= 3 x tasks/s); 20-task warm-up (not for presubmitted).
-         sequential and concurrent: the client awaits each task through the API
-         (as the DBOS and Celery peers do); presubmitted: the clock stops when the
+         sequential, concurrent and clients: the client awaits each task through the
+         API (as the DBOS and Celery peers do); presubmitted: the clock stops when the
          store holds all N terminal, polled every 20 ms on a connection of its own
          (as the procrastinate peer waits), so no client shares the roles' event
          loop, and every task is read back afterwards;
@@ -326,6 +329,8 @@ def measure_tp(a: argparse.Namespace) -> dict[str, Any]:
                     ids = [app.submit(WORKFLOW, task_input) for _ in range(a.n)]
                     t_sub = time.perf_counter() - t0
                     tasks = [app.wait(i, timeout=STUCK_S) for i in ids]
+                elif a.style == "clients":
+                    t_sub, tasks = asyncio.run(_clients(app, a.n, task_input, t0))
                 else:
                     t_sub, tasks = asyncio.run(_concurrent(app, a.n, task_input, t0))
                 elapsed = time.perf_counter() - t0
@@ -369,6 +374,21 @@ async def _concurrent(app: App, n: int, task_input: Any, t0: float
     ids = await asyncio.gather(*(one() for _ in range(n)))
     t_sub = time.perf_counter() - t0
     return t_sub, [await app.await_(i, timeout=STUCK_S) for i in ids]
+
+
+async def _clients(app: App, n: int, task_input: Any, t0: float
+                   ) -> tuple[float, list[Any]]:
+    """Up to CLIENT_IN_FLIGHT clients at a time, each submitting a task and awaiting
+    it; the waits overlap, as the requests a web app serves at once."""
+    slots = asyncio.Semaphore(CLIENT_IN_FLIGHT)
+
+    async def one() -> Any:
+        async with slots:
+            return await app.await_(await app.asubmit(WORKFLOW, task_input),
+                                    timeout=STUCK_S)
+
+    tasks = await asyncio.gather(*(one() for _ in range(n)))
+    return time.perf_counter() - t0, tasks  # (submissions and waits are not apart)
 
 
 # ---------------------------------------------------------------- latency
@@ -600,7 +620,7 @@ def main() -> None:
     ap.add_argument("--child-timeout-s", type=float, default=180.0)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--style", default="sequential",
-                    choices=["sequential", "concurrent", "presubmitted"])
+                    choices=["sequential", "concurrent", "presubmitted", "clients"])
     a = ap.parse_args()
     if a.role == "tp":
         C.emit(measure_tp(a))
