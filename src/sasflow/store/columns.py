@@ -82,9 +82,10 @@ def _json_rows(parameter: str, columns: dict[str, str]) -> str:
     parsed once: as json, each `->>` would parse its row's text again."""
     picked = []
     for n, (name, kind) in enumerate(columns.items()):
-        value = f"r.v->>{n}"
+        value = f"r.v->>{n}"  # (text already: no cast)
         picked.append(f"decode({value}, 'base64') AS {name}" if kind == "bytea"  # msgspec's
-                      else f"({value})::{kind} AS {name}")                       # bytes
+                      else f"{value} AS {name}" if kind == "text"                # bytes
+                      else f"({value})::{kind} AS {name}")
     return (f"SELECT {', '.join(picked)} FROM jsonb_array_elements(:{parameter}::jsonb)"
             " AS r(v)")
 

@@ -75,7 +75,10 @@ def _expand(text: str, expansions: Mapping[str, str]) -> str:
 
 
 def _finish(text: str, expansions: Mapping[str, str], style: Style) -> str:
-    statement = _expand(text, expansions)
+    # one space for every run of blanks (no statement holds a literal or a comment
+    # with two): psycopg parses a statement of more than 4,096 characters anew at
+    # every call, instead of once (tests/unit/test_columns.py keeps them under)
+    statement = " ".join(_expand(text, expansions).split())
     if style == "pyformat":
         statement = _PARAMETER.sub(r"%(\1)s", statement)
     return statement
