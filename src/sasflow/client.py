@@ -67,6 +67,10 @@ class Migration:
     refused: str | None  # why not, in one line
 
 
+# how long a waiter first trusts the store's and this process's notices alone
+_FIRST_LOOK_S = 0.05
+
+
 def new_task_id() -> str:
     """A unique id that sorts by creation time (the layout of a UUIDv7, in hex).
 
@@ -209,7 +213,12 @@ class Client:
         try:
             self._signals.hear(self._store)
             async with self._signals.waiting(task_id) as ended, asyncio.timeout(timeout):
-                poll = 0.005  # what no signal tells of (another process, a lost datagram)
+                # Every store tells of the tasks any process ends (`hear` above), so
+                # reading again is only the net for a lost notice (a datagram dropped,
+                # a listener reconnecting). At 5 ms, it read every task of more than
+                # 5 ms once more, in the middle of its steps: 0.7-1.5 ms of a task's
+                # p50 over a broker (docs/benchmarks.md)
+                poll = _FIRST_LOOK_S
                 while True:
                     task = await self.aget(task_id)
                     if task.terminal:
