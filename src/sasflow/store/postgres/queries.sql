@@ -121,12 +121,12 @@ wrote_outbox AS (
 -- A batch of transitions in ONE statement (its parameters: the transitions, then the
 -- step, history, outbox and alert rows they imply, each as JSON):
 -- - `locked`: the batch's task rows, locked in task-id order first, so every batch
---   of every process waits for rows in the same order (no deadlock);
--- - `locked` finds them by `task_id = ANY(ARRAY(...))`, an index lookup per id, and
---   `written` joins the tasks to `locked`, so by index too: the planner takes `v`
---   for 100 rows whatever it holds, and joined to tasks by `IN (SELECT ...)` it
---   scanned the whole tasks table twice for every batch (with 5,000 tasks stored:
---   2.5-3.9 ms a batch of one, 1.1-2.3 ms now; a batch of 128 about the same);
+--   of every process waits for rows in the same order (no deadlock). It finds them
+--   by `task_id = ANY(ARRAY(...))`, an index lookup per id, and `written` joins
+--   `locked`, so by index too: the planner takes `v` for 100 rows whatever it
+--   holds, and joined to tasks by `IN (SELECT ...)` it scanned the whole tasks
+--   table twice for every batch (with 5,000 tasks stored: 2.5-3.9 ms a batch of
+--   one, 1.1-2.3 ms now; a batch of 128 about the same);
 -- - `written`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
 --   epoch, state, owner, unit (phase, cursor) and version as when read, and
 --   (supervisor) a complete-by that has passed and the lease still held with its
