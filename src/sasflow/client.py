@@ -17,34 +17,31 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import functools
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from sasflow.backends import Backends
 from sasflow.background_loop import BackgroundLoop, answer_early
 from sasflow.declarations import Declarations
 from sasflow.errors import (
-    InvalidTransitionError,
     PayloadError,
     UnknownTaskError,
-    UnknownWorkflowError,
     WaitTimeout,
 )
 from sasflow.messages import Status, encode_json_value
 from sasflow.model import Task, TaskState, idempotency_key
+from sasflow.operations import Migration, Operations
 from sasflow.own_connection import OwnConnection
-from sasflow.plan import Plan, task_version
+from sasflow.plan import Plan
 from sasflow.signals import InProcessSignals
 from sasflow.status_stream import Listening, statuses
 from sasflow.store.interfaces import Store
+from sasflow.store.listing import MAX_PAGE, TaskQuery, decode_cursor
 from sasflow.store.records import Alert, HistoryEntry, NewTask
-from sasflow.transition import Transition
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Transport
-from sasflow.transport.dead_letter import DeadLetter
+from sasflow.twins import blocking as _blocking
 
 __all__ = ["Client", "Migration", "new_task_id"]
 
@@ -52,19 +49,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _MAX_TASK_ID = 200
-_ALL = 2**31 - 1  # every task of a listing
-_OPERATE_TRIES = 10
-
-
-@dataclass(frozen=True, slots=True)
-class Migration:
-    """What `App.migrate` did, or (dry run) would do, with one task."""
-
-    task_id: str
-    from_version: str
-    to_version: str
-    migrated: bool  # done (or possible, in a dry run)
-    refused: str | None  # why not, in one line
 
 
 # how long a waiter first trusts the store's and this process's notices alone
@@ -81,21 +65,7 @@ def new_task_id() -> str:
     return f"{millis:012x}{secrets.token_hex(10)}"
 
 
-def _blocking(fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]
-              ) -> Callable[Concatenate[Any, P], T]:
-    """The blocking twin of the coroutine method `fn`, run on the client's loop."""
-
-    @functools.wraps(fn)
-    def call(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._loop.call(fn(self, *args, **kwargs))
-
-    call.__name__ = fn.__name__[1:].rstrip("_")  # aget -> get, await_ -> wait
-    call.__qualname__ = f"{fn.__qualname__.rpartition('.')[0]}.{call.__name__}"
-    call.__doc__ = f"Blocking twin of `{fn.__name__}`: {fn.__doc__ or ''}".rstrip(": ")
-    return call
-
-
-class Client:
+class Client(Operations):
     """Submits, reads and acts on the tasks in an application's store."""
 
     def __init__(self, store: str | None = None, transport: str | None = None, *,
@@ -233,14 +203,29 @@ class Client:
                               task_id=task_id) from None
 
     async def alist(self, *, state: str | None = None, workflow: str | None = None,
-                    limit: int = 100) -> builtins.list[Task]:
-        """Tasks, oldest first, optionally only those in `state` or of `workflow`."""
+                    limit: int = 100, created_from: float | None = None,
+                    created_to: float | None = None, cursor: str | None = None,
+                    newest_first: bool = False) -> builtins.list[Task]:
+        """A page of tasks, oldest first (or `newest_first`), optionally only those in
+        `state`, of `workflow`, or created in [`created_from`, `created_to`) (seconds
+        since the epoch). `cursor` goes on after a page: `store.listing.encode_cursor`
+        of its last task."""
         try:
             wanted = TaskState(state) if state is not None else None
         except ValueError:
             choices = ", ".join(s.value for s in TaskState)
             raise PayloadError(f"unknown state {state!r} (choose {choices})") from None
-        return await self._store.list_tasks(state=wanted, workflow=workflow, limit=limit)
+        if not 1 <= limit <= MAX_PAGE:
+            raise PayloadError(f"limit must be 1 to {MAX_PAGE}, not {limit}")
+        return await self._store.list_tasks(TaskQuery(
+            state=wanted, workflow=workflow, limit=limit, created_from=created_from,
+            created_to=created_to, after=decode_cursor(cursor) if cursor else None,
+            newest_first=newest_first))
+
+    async def acount(self) -> dict[TaskState, int]:
+        """How many tasks are in each state, every state named."""
+        counts = await self._store.task_counts()
+        return {state: counts.get(state, 0) for state in TaskState}
 
     async def ahistory(self, task_id: str) -> builtins.list[HistoryEntry]:
         """Every recorded state change of the task, oldest first."""
@@ -264,98 +249,7 @@ class Client:
     wait = _blocking(await_)
     history = _blocking(ahistory)
     alerts = _blocking(aalerts)
-
-    # ------------------------------------------------------------ operator actions (E8)
-    async def _operate(self, task_id: str,
-                       decide: Callable[[Plan, Task, float], Transition]) -> Task:
-        plans = self._plans()
-        for _ in range(_OPERATE_TRIES):  # the task may move under us: read again and retry
-            task = await self.aget(task_id)
-            plan = plans.get(task.workflow)
-            if plan is None:
-                raise UnknownWorkflowError(
-                    f"task {task_id} belongs to workflow {task.workflow!r}, unknown to this app",
-                    task_id=task_id)
-            transition = decide(plan, task, self._store.now())
-            if await self._store.apply(transition):
-                self._signals.wake_schedulers()
-                return await self.aget(task_id)
-        raise InvalidTransitionError(f"task {task_id} keeps changing; try again",
-                                     task_id=task_id)
-
-    async def aretry(self, task_id: str, step: str | None = None) -> Task:
-        """Resubmit a task's failed step (default: the one that failed), once fixed."""
-        return await self._operate(task_id, lambda p, t, now: p.retry(t, now, step))
-
-    async def acompensate(self, task_id: str) -> Task:
-        """Undo a task: compensate its completed steps, last first."""
-        return await self._operate(task_id, lambda p, t, now: p.compensate(t, now))
-
-    async def acancel(self, task_id: str) -> Task:
-        """Stop a task where it is, undoing nothing."""
-        return await self._operate(task_id, lambda p, t, now: p.cancel(t, now))
-
-    async def amigrate(self, workflow: str, *, from_version: str | None = None,
-                       dry_run: bool = False) -> builtins.list[Migration]:
-        """Move the pending and error tasks of other versions of `workflow` (or of
-        `from_version` only) onto the version declared here, each where it is
-        provably safe (plan.Plan.migrate), fenced like every operator action.
-
-        Returns what became of each task, oldest first; with `dry_run` nothing is
-        written and each says what would be done. Tasks being run are left to the
-        workers of their own version.
-        """
-        self._declared.known(workflow)
-        plan = self._plans()[workflow]
-        target = plan.workflow.version
-        if from_version == target:
-            raise InvalidTransitionError(f"version {target} is the one this application"
-                                         f" declares for {workflow!r}: nothing to migrate")
-        done = []
-        for state in (TaskState.PENDING, TaskState.ERROR):
-            for found in await self._store.list_tasks(state=state, workflow=workflow,
-                                                      limit=_ALL):
-                if found.version == target or from_version not in (None, found.version):
-                    continue
-                done.append(await self._migrate_one(plan, found.task_id, dry_run))
-        return done
-
-    async def _migrate_one(self, plan: Plan, task_id: str, dry_run: bool) -> Migration:
-        task = await self.aget(task_id)
-        old = task_version(task)
-        try:
-            if dry_run:
-                plan.migrate(task, self._store.now())
-            else:
-                await self._operate(task_id, lambda p, t, now: plan.migrate(t, now))
-        except InvalidTransitionError as refused:
-            return Migration(task_id, old, plan.workflow.version, False, str(refused))
-        return Migration(task_id, old, plan.workflow.version, True, None)
-
-    retry = _blocking(aretry)
-    compensate = _blocking(acompensate)
-    cancel = _blocking(acancel)
-    migrate = _blocking(amigrate)
-    # last: inside this class body, `list` means the method from here on
-    list = _blocking(alist)
-
-    # ------------------------------------------------------------ dead letters (R3)
-    async def adead_letters(self, *, limit: int = 100) -> builtins.list[DeadLetter]:
-        """The messages no consumer could handle, oldest first: the broker's, or (for
-        the in-process transport, whose queues die with their process) the store's."""
-        return await self._transport.dead_letters(limit=limit)
-
-    async def adead_letter(self, letter_id: str) -> DeadLetter | None:
-        """One dead letter, whole; None if there is none by that id."""
-        return await self._transport.dead_letter(letter_id)
-
-    async def apurge_dead_letters(self) -> int:
-        """Forget every dead letter; how many there were."""
-        return await self._transport.purge_dead_letters()
-
-    dead_letters = _blocking(adead_letters)
-    dead_letter = _blocking(adead_letter)
-    purge_dead_letters = _blocking(apurge_dead_letters)
+    count = _blocking(acount)
 
     def _own_connection(self) -> OwnConnection | None:
         if self._own is False:
@@ -375,3 +269,6 @@ class Client:
         if store is not None:
             self._loop.run(store.close())
         self._loop.close()
+
+    # last: inside this class body, `list` means the method from here on
+    list = _blocking(alist)

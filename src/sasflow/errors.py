@@ -6,6 +6,7 @@
     ├── InputError                the caller: bad input to submit / an operator command
     │   ├── UnknownWorkflowError
     │   ├── UnknownTaskError
+    │   ├── UnknownAlertError
     │   ├── PayloadError          not JSON-serialisable, or over the size limit
     │   ├── TaskConflictError     same task id submitted with a different workflow/input
     │   └── InvalidTransitionError  an operator action the task's state does not allow
@@ -31,6 +32,7 @@ __all__ = [
     "StoreError",
     "TaskConflictError",
     "TransportError",
+    "UnknownAlertError",
     "UnknownTaskError",
     "UnknownWorkflowError",
     "WaitTimeout",
@@ -71,6 +73,10 @@ class UnknownWorkflowError(InputError):
 
 
 class UnknownTaskError(InputError):
+    pass
+
+
+class UnknownAlertError(InputError):
     pass
 
 

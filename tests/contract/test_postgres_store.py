@@ -27,6 +27,7 @@ from sasflow.model import UNFINISHED_TASK_STATES, Task, TaskState, claimable
 from sasflow.own_connection import APPLICATION_NAME
 from sasflow.store import open_store
 from sasflow.store import queries as sql
+from sasflow.store.listing import TaskQuery
 from sasflow.store.postgres import PostgresStore
 from sasflow.store.postgres.bulk import new_token, write_batch
 from sasflow.store.postgres.migrations import scripts as pg_migrations
@@ -152,7 +153,7 @@ async def test_claims_by_many_stores_never_overlap(make_store: StoreFactory,
     await asyncio.gather(*(keep_claiming(n, s) for n, s in enumerate(stores)))
     assert sorted(owners) == ids
     assert all(len(hosts) == 1 for hosts in owners.values())
-    for task in await stores[1].list_tasks(limit=500):
+    for task in await stores[1].list_tasks(TaskQuery(limit=500)):
         assert (task.locked_by, task.epoch) == (owners[task.task_id][0], 1)
 
 

@@ -16,6 +16,7 @@ from sasflow.messages import decode_status
 from sasflow.model import Phase, StepState, TaskState, idempotency_key
 from sasflow.plan import Plan
 from sasflow.store import Store
+from sasflow.store.listing import TaskQuery
 from sasflow.store.records import Alert, Instance, NewTask
 from sasflow.transition import LeaseFence, Transition
 from sasflow.transport import DeadLetter
@@ -60,7 +61,7 @@ async def test_submit_is_idempotent_on_the_task_id(store: Store) -> None:
     """The same submission again is a no-op that reports the task existed."""
     assert await store.submit(new_task("order-1"))
     assert not await store.submit(new_task("order-1"))
-    assert [t.task_id for t in await store.list_tasks()] == ["order-1"]
+    assert [t.task_id for t in await store.list_tasks(TaskQuery())] == ["order-1"]
     assert len(await store.history("order-1")) == 1
 
 
@@ -87,10 +88,11 @@ async def test_list_filters_by_state_and_workflow(store: Store, clock: Clock) ->
         await submitted(store, f"t{n}", workflow=workflow)
         clock.advance(1)
     await store.claim("s1", 1, {"slow": PLANS["slow"]})
-    assert [t.task_id for t in await store.list_tasks()] == ["t0", "t1", "t2"]
-    assert [t.task_id for t in await store.list_tasks(state=T.PENDING)] == ["t0", "t2"]
-    assert [t.task_id for t in await store.list_tasks(state=T.PROCESSING)] == ["t1"]
-    assert [t.task_id for t in await store.list_tasks(workflow="order", limit=1)] == ["t0"]
+    assert [t.task_id for t in await store.list_tasks(TaskQuery())] == ["t0", "t1", "t2"]
+    assert [t.task_id for t in await store.list_tasks(TaskQuery(state=T.PENDING))] == ["t0", "t2"]
+    assert [t.task_id for t in await store.list_tasks(TaskQuery(state=T.PROCESSING))] == ["t1"]
+    first_order = await store.list_tasks(TaskQuery(workflow="order", limit=1))
+    assert [t.task_id for t in first_order] == ["t0"]
 
 
 # ---------------------------------------------------------------- claim (E3, M1)
@@ -132,7 +134,7 @@ async def test_concurrent_claims_never_share_a_task(store: Store) -> None:
     theirs = {t.task_id for t in second}
     assert not mine & theirs
     assert mine | theirs == set(ids)
-    for task in await store.list_tasks(limit=100):
+    for task in await store.list_tasks(TaskQuery(limit=100)):
         assert task.locked_by == ("s1" if task.task_id in mine else "s2")
         assert task.epoch == 1
 
@@ -151,7 +153,7 @@ async def test_claims_from_two_store_instances_never_share_a_task(
             got.update(t.task_id for t in tasks)
     assert not taken[0] & taken[1]
     assert len(taken[0]) + len(taken[1]) == 40
-    for task in await two.list_tasks(limit=100):
+    for task in await two.list_tasks(TaskQuery(limit=100)):
         assert task.locked_by == ("host-1" if task.task_id in taken[0] else "host-2")
 
 
@@ -451,7 +453,7 @@ async def test_supervisors_on_two_instances_count_an_expiry_once(
         *(one.apply(plan.expire(t, "sup-1", clock.now)) for t in first),
         *(two.apply(plan.expire(t, "sup-2", clock.now)) for t in second))
     assert sum(results) == 10
-    assert {t.failure_count for t in await one.list_tasks(limit=100)} == {1}
+    assert {t.failure_count for t in await one.list_tasks(TaskQuery(limit=100))} == {1}
 
 
 # ---------------------------------------------------------------- instances (R2)
@@ -837,7 +839,7 @@ async def test_a_task_carries_the_version_it_was_submitted_under(store: Store) -
     await submitted(store, "order-1")
     await submitted(store, "slow-1", workflow="slow")
     assert (await fresh(store, "order-1")).version == ORDER.version
-    assert [t.version for t in await store.list_tasks()] == [ORDER.version, SLOW.version]
+    assert [t.version for t in await store.list_tasks(TaskQuery())] == [ORDER.version, SLOW.version]
     assert ORDER.version != ORDER_V2.version
 
 

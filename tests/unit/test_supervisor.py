@@ -10,6 +10,7 @@ import pytest
 
 from sasflow.model import TaskState, idempotency_key
 from sasflow.plan import Plan
+from sasflow.store.listing import TaskQuery
 from sasflow.store.records import Instance, NewTask
 from sasflow.store.sqlite import SQLiteStore
 from sasflow.supervisor import Supervisor
@@ -51,7 +52,7 @@ async def test_each_batch_of_recoveries_is_one_log_line_naming_tasks_steps_and_w
     [line] = [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()]
     assert line.startswith("recovered 8 expired task(s) (8 pending): t0 (reserve: expired (1x):")
     assert "t4 (reserve" in line and "t5" not in line and line.endswith("and 3 more")
-    assert {t.state for t in await store.list_tasks()} == {TaskState.PENDING}
+    assert {t.state for t in await store.list_tasks(TaskQuery())} == {TaskState.PENDING}
 
 
 async def test_the_leader_forgets_instances_silent_for_long_once_an_hour(

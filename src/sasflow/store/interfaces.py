@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from sasflow.model import Task, TaskState
+from sasflow.store.listing import TaskQuery
 from sasflow.store.records import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.transition import Transition
 from sasflow.transport.dead_letter import DeadLetter
@@ -77,12 +78,24 @@ class ClientStore(_Clock, _Applies, Protocol):
 
     async def get(self, task_id: str) -> Task | None: ...
 
-    async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
-                         limit: int = 100) -> list[Task]: ...
+    async def list_tasks(self, query: TaskQuery) -> list[Task]:
+        """A page of the task list, without steps (listing.py)."""
+        ...
+
+    async def task_counts(self) -> dict[TaskState, int]:
+        """How many tasks are in each state (states with none left out)."""
+        ...
 
     async def history(self, task_id: str) -> list[HistoryEntry]: ...
 
     async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]: ...
+
+    async def alert(self, alert_id: int) -> Alert | None: ...
+
+    async def acknowledge_alert(self, alert_id: int, *, by: str, why: str) -> Alert | None:
+        """Record that `by` saw the alert, and why it needs nothing more; the first
+        acknowledgement stands. None if there is no such alert."""
+        ...
 
     def on_finished(self, finished: Callable[[str], None]) -> Callable[[], None]:
         """Call `finished(task_id)`, from any thread, when another process ends a task

@@ -21,7 +21,7 @@ from importlib import resources
 from typing import Any, Literal, NamedTuple
 
 from sasflow.model import CLAIMABLE_TASK_STATES, UNFINISHED_TASK_STATES, TaskState
-from sasflow.store import columns
+from sasflow.store import columns, listing
 
 __all__ = ["CLAIMABLE_SQL", "UNFINISHED_SQL", "Positional", "load", "positional"]
 
@@ -52,6 +52,7 @@ def load(dialect: str, style: Style) -> dict[str, str]:
     own, own_fragments = _blocks(
         resources.files(f"sasflow.store.{dialect}").joinpath("queries.sql").read_text())
     statements.update(own)
+    statements.update(listing.statements())
     expansions = {**columns.expansions(), "claimable": CLAIMABLE_SQL,
                   "unfinished": UNFINISHED_SQL}
     for name, text in {**fragments, **own_fragments}.items():

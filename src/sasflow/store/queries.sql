@@ -14,12 +14,6 @@ SELECT {task_columns}{steps} FROM tasks
 WHERE locked_by IS NOT NULL AND complete_by < :now
 ORDER BY complete_by LIMIT :limit
 
--- name: list_tasks
-SELECT {task_columns} FROM tasks
-WHERE (CAST(:state AS TEXT) IS NULL OR state = CAST(:state AS TEXT))
-  AND (CAST(:workflow AS TEXT) IS NULL OR workflow = CAST(:workflow AS TEXT))
-ORDER BY created_at, task_id LIMIT :limit
-
 -- name: select_instances
 SELECT instance_id, host, pid, CAST(roles AS TEXT) AS roles, CAST(agents AS TEXT) AS agents,
        CAST(workflows AS TEXT) AS workflows, started_at, beat_at, stopped_at, lease
@@ -35,9 +29,27 @@ SELECT MIN(complete_by) AS due FROM tasks WHERE locked_by IS NOT NULL
 SELECT step, phase, at, actor, epoch, from_state, to_state, why FROM history
 WHERE task_id = :task_id ORDER BY id
 
+-- fragment: alert_read
+-- an alert's row as alert_from_row reads it (rows.py)
+id, task_id, step, agent, at, message, incident, count, resolved_at, acknowledged_at,
+acknowledged_by, acknowledged_why
+
 -- name: select_alerts
-SELECT id, task_id, step, agent, at, message, incident, count, resolved_at FROM alerts
-WHERE id > :after ORDER BY id LIMIT :limit
+SELECT {alert_read} FROM alerts WHERE id > :after ORDER BY id LIMIT :limit
+
+-- name: select_alert
+SELECT {alert_read} FROM alerts WHERE id = :id
+
+-- name: acknowledge_alert
+-- the first acknowledgement stands: acknowledging again changes nothing
+UPDATE alerts SET acknowledged_at = :now, acknowledged_by = :by, acknowledged_why = :why
+WHERE id = :id AND acknowledged_at IS NULL
+
+-- name: count_tasks
+-- By state, for the dashboard's header: a scan of the index tasks_state (PostgreSQL)
+-- or tasks_listed (SQLite), so it grows with the store; the web app keeps the
+-- answer for a moment rather than ask at every page.
+SELECT state, COUNT(*) AS tasks FROM tasks GROUP BY state
 
 -- name: census_versions
 -- What unfinished work needs (R4): tasks by workflow and version (index tasks_state),
@@ -56,7 +68,7 @@ GROUP BY t.workflow, t.version, s.agent
 
 -- name: select_open_incidents
 -- (unordered: with ORDER BY id SQLite scans every alert rather than use alerts_open)
-SELECT id, task_id, step, agent, at, message, incident, count, resolved_at FROM alerts
+SELECT {alert_read} FROM alerts
 WHERE incident IS NOT NULL AND resolved_at IS NULL
 
 -- name: resolve_incident

@@ -45,7 +45,8 @@ class Alert(msgspec.Struct, kw_only=True):
     of a workflow version, or units of an agent, that no live process declares. It
     has no task id; `incident` names what it is about (``workflow:NAME@VERSION``,
     ``agent:NAME``), `count` how many tasks it held when raised, and `resolved_at`
-    when it was gone. One alert per incident, not one per task.
+    when it was gone. One alert per incident, not one per task. An operator may
+    acknowledge it (`acknowledged_at`, `_by`, `_why`); it is then not delivered again.
     """
 
     id: int
@@ -57,6 +58,9 @@ class Alert(msgspec.Struct, kw_only=True):
     incident: str | None = None
     count: int | None = None
     resolved_at: float | None = None
+    acknowledged_at: float | None = None
+    acknowledged_by: str | None = None
+    acknowledged_why: str | None = None
 
 
 class Census(msgspec.Struct, kw_only=True):

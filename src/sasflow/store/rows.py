@@ -88,7 +88,9 @@ def attach_steps(tasks: dict[str, Task], step_rows: Iterable[Mapping[str, Any]])
 def alert_from_row(row: Mapping[str, Any]) -> Alert:
     return Alert(id=row["id"], task_id=row["task_id"], step=row["step"], agent=row["agent"],
                  at=row["at"], message=row["message"], incident=row["incident"],
-                 count=row["count"], resolved_at=row["resolved_at"])
+                 count=row["count"], resolved_at=row["resolved_at"],
+                 acknowledged_at=row["acknowledged_at"], acknowledged_by=row["acknowledged_by"],
+                 acknowledged_why=row["acknowledged_why"])
 
 
 def instance_from_row(row: Mapping[str, Any]) -> Instance:

@@ -21,6 +21,7 @@ from typing import Any
 
 from sasflow.model import Task, TaskState
 from sasflow.store.interfaces import OUTBOX_LEASE_S, ClaimRule
+from sasflow.store.listing import TaskQuery
 from sasflow.store.records import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
 from sasflow.store.rows import (
     Row,
@@ -91,12 +92,13 @@ class SQLStore(abc.ABC):
         found = await self._fetch_tasks("select_task", {"task_id": task_id})
         return found[0] if found else None
 
-    async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
-                         limit: int = 100) -> list[Task]:
-        rows = await self._fetch("list_tasks", {
-            "state": None if state is None else state.value, "workflow": workflow,
-            "limit": limit})
+    async def list_tasks(self, query: TaskQuery) -> list[Task]:
+        rows = await self._fetch(query.statement(), query.params())
         return [task_from_row(row) for row in rows]
+
+    async def task_counts(self) -> dict[TaskState, int]:
+        rows = await self._fetch("count_tasks", {})
+        return {TaskState(row["state"]): row["tasks"] for row in rows}
 
     async def history(self, task_id: str) -> list[HistoryEntry]:
         rows = await self._fetch("select_history", {"task_id": task_id})
@@ -105,6 +107,15 @@ class SQLStore(abc.ABC):
     async def alerts(self, *, limit: int = 100, after: int = 0) -> list[Alert]:
         rows = await self._fetch("select_alerts", {"after": after, "limit": limit})
         return [alert_from_row(row) for row in rows]
+
+    async def alert(self, alert_id: int) -> Alert | None:
+        rows = await self._fetch("select_alert", {"id": alert_id})
+        return alert_from_row(rows[0]) if rows else None
+
+    async def acknowledge_alert(self, alert_id: int, *, by: str, why: str) -> Alert | None:
+        await self._write(lambda now: [("acknowledge_alert",
+                                        {"id": alert_id, "by": by, "why": why, "now": now})])
+        return await self.alert(alert_id)
 
     # ------------------------------------------------------------ scheduler
     async def claim(self, owner: str, limit: int, rules: Mapping[str, ClaimRule]

@@ -19,6 +19,7 @@ reference into the store.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
 import time
@@ -39,6 +40,7 @@ from sasflow.model import (
     terminal,
 )
 from sasflow.store.interfaces import ClaimRule
+from sasflow.store.listing import TaskQuery
 from sasflow.store.memory.data import Stored, named
 from sasflow.store.memory.tables import Tables
 from sasflow.store.records import Alert, HistoryEntry, NewTask
@@ -269,14 +271,16 @@ class MemoryStore(Tables):
         with self._data.lock:
             return self._copy(task_id) if task_id in self._data.tasks else None
 
-    async def list_tasks(self, *, state: TaskState | None = None, workflow: str | None = None,
-                         limit: int = 100) -> list[Task]:
+    async def list_tasks(self, query: TaskQuery) -> list[Task]:
         with self._data.lock:
-            found = sorted((task for task in self._tasks()
-                            if (state is None or task.state is state)
-                            and (workflow is None or task.workflow == workflow)),
-                           key=lambda task: (task.created_at, task.task_id))
-            return [self._copy(task.task_id, steps=False) for task in found[:limit]]
+            found = sorted((task for task in self._tasks() if query.matches(task)),
+                           key=lambda task: (task.created_at, task.task_id),
+                           reverse=query.newest_first)
+            return [self._copy(task.task_id, steps=False) for task in found[:query.limit]]
+
+    async def task_counts(self) -> dict[TaskState, int]:
+        with self._data.lock:
+            return dict(collections.Counter(task.state for task in self._tasks()))
 
     async def history(self, task_id: str) -> list[HistoryEntry]:
         with self._data.lock:
@@ -287,6 +291,20 @@ class MemoryStore(Tables):
         with self._data.lock:
             return [msgspec.structs.replace(alert) for alert in self._data.alerts
                     if alert.id > after][:limit]
+
+    async def alert(self, alert_id: int) -> Alert | None:
+        with self._data.lock:
+            found = [alert for alert in self._data.alerts if alert.id == alert_id]
+            return msgspec.structs.replace(found[0]) if found else None
+
+    async def acknowledge_alert(self, alert_id: int, *, by: str, why: str) -> Alert | None:
+        with self._data.lock:
+            for i, alert in enumerate(self._data.alerts):
+                if alert.id == alert_id and alert.acknowledged_at is None:
+                    self._data.alerts[i] = msgspec.structs.replace(
+                        alert, acknowledged_at=self.now(), acknowledged_by=by,
+                        acknowledged_why=why)
+        return await self.alert(alert_id)
 
     async def close(self) -> None:
         """Nothing to release: the data lives while a store refers to it."""
