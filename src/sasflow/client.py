@@ -38,8 +38,8 @@ from sasflow.plan import Plan
 from sasflow.signals import InProcessSignals
 from sasflow.status_stream import Listening, statuses
 from sasflow.store.interfaces import Store
-from sasflow.store.listing import MAX_PAGE, TaskQuery, decode_cursor
-from sasflow.store.records import Alert, HistoryEntry, NewTask
+from sasflow.store.listing import TaskQuery, decode_cursor
+from sasflow.store.records import Alert, HistoryEntry, Instance, NewTask
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Transport
 from sasflow.twins import blocking as _blocking
 
@@ -215,8 +215,8 @@ class Client(Operations):
         except ValueError:
             choices = ", ".join(s.value for s in TaskState)
             raise PayloadError(f"unknown state {state!r} (choose {choices})") from None
-        if not 1 <= limit <= MAX_PAGE:
-            raise PayloadError(f"limit must be 1 to {MAX_PAGE}, not {limit}")
+        if limit < 1:
+            raise PayloadError(f"limit must be at least 1, not {limit}")
         return await self._store.list_tasks(TaskQuery(
             state=wanted, workflow=workflow, limit=limit, created_from=created_from,
             created_to=created_to, after=decode_cursor(cursor) if cursor else None,
@@ -226,6 +226,16 @@ class Client(Operations):
         """How many tasks are in each state, every state named."""
         counts = await self._store.task_counts()
         return {state: counts.get(state, 0) for state in TaskState}
+
+    async def ainstances(self) -> builtins.list[Instance]:
+        """The worker instances that have beaten, oldest first, with their roles and
+        last heartbeat (compare `beat_at + lease` with `now()`)."""
+        return await self._store.instances()
+
+    def now(self) -> float:
+        """The store's clock (seconds since the epoch), by which deadlines and
+        heartbeats are judged (R1)."""
+        return self._store.now()
 
     async def ahistory(self, task_id: str) -> builtins.list[HistoryEntry]:
         """Every recorded state change of the task, oldest first."""
@@ -250,6 +260,7 @@ class Client(Operations):
     history = _blocking(ahistory)
     alerts = _blocking(aalerts)
     count = _blocking(acount)
+    instances = _blocking(ainstances)
 
     def _own_connection(self) -> OwnConnection | None:
         if self._own is False:
