@@ -227,6 +227,13 @@ class Client(Operations):
         counts = await self._store.task_counts()
         return {state: counts.get(state, 0) for state in TaskState}
 
+    async def athroughput(self, *, minutes: int = 60) -> builtins.list[dict[TaskState, int]]:
+        """How many tasks ended in each of the last `minutes` minutes, by end state,
+        oldest minute first (the dashboard's throughput)."""
+        since = self._store.now() - 60 * minutes
+        ended = await self._store.ended_per_minute(since)
+        return [ended.get(minute, {}) for minute in range(minutes)]
+
     async def ainstances(self) -> builtins.list[Instance]:
         """The worker instances that have beaten, oldest first, with their roles and
         last heartbeat (compare `beat_at + lease` with `now()`)."""
@@ -261,6 +268,7 @@ class Client(Operations):
     alerts = _blocking(aalerts)
     count = _blocking(acount)
     instances = _blocking(ainstances)
+    throughput = _blocking(athroughput)
 
     def _own_connection(self) -> OwnConnection | None:
         if self._own is False:

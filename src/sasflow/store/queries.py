@@ -20,10 +20,15 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from typing import Any, Literal, NamedTuple
 
-from sasflow.model import CLAIMABLE_TASK_STATES, UNFINISHED_TASK_STATES, TaskState
+from sasflow.model import (
+    CLAIMABLE_TASK_STATES,
+    TERMINAL_TASK_STATES,
+    UNFINISHED_TASK_STATES,
+    TaskState,
+)
 from sasflow.store import columns, listing
 
-__all__ = ["CLAIMABLE_SQL", "UNFINISHED_SQL", "Positional", "load", "positional"]
+__all__ = ["CLAIMABLE_SQL", "ENDED_SQL", "UNFINISHED_SQL", "Positional", "load", "positional"]
 
 
 def _states(states: Iterable[TaskState]) -> str:
@@ -35,6 +40,8 @@ def _states(states: Iterable[TaskState]) -> str:
 CLAIMABLE_SQL = f"locked_by IS NULL AND state IN ({_states(CLAIMABLE_TASK_STATES)})"
 # model.UNFINISHED_TASK_STATES in SQL: the tasks some worker still has to run
 UNFINISHED_SQL = f"state IN ({_states(UNFINISHED_TASK_STATES)})"
+# model.terminal in SQL, word for word the WHERE of the partial index tasks_ended
+ENDED_SQL = f"state IN ({_states(sorted(TERMINAL_TASK_STATES))})"
 
 _HEAD = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
 _EXPANSION = re.compile(r"\{(\w+)\}")
@@ -54,7 +61,7 @@ def load(dialect: str, style: Style) -> dict[str, str]:
     statements.update(own)
     statements.update(listing.statements())
     expansions = {**columns.expansions(), "claimable": CLAIMABLE_SQL,
-                  "unfinished": UNFINISHED_SQL}
+                  "unfinished": UNFINISHED_SQL, "ended": ENDED_SQL}
     for name, text in {**fragments, **own_fragments}.items():
         expansions[name] = _expand(text, expansions)
     return {name: _finish(text, expansions, style) for name, text in statements.items()}

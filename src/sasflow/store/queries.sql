@@ -45,6 +45,13 @@ SELECT {alert_read} FROM alerts WHERE id = :id
 UPDATE alerts SET acknowledged_at = :now, acknowledged_by = :by, acknowledged_why = :why
 WHERE id = :id AND acknowledged_at IS NULL
 
+-- name: count_ended
+-- The tasks that ended since :since, by minute and state: the dashboard's throughput,
+-- over the partial index tasks_ended.
+SELECT CAST((updated_at - :since) / 60 AS INTEGER) AS minute, state, COUNT(*) AS tasks
+FROM tasks WHERE {ended} AND updated_at >= :since
+GROUP BY CAST((updated_at - :since) / 60 AS INTEGER), state
+
 -- name: count_tasks
 -- By state, for the dashboard's header: a scan of the index tasks_state (PostgreSQL)
 -- or tasks_listed (SQLite), so it grows with the store; the web app keeps the

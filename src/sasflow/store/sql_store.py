@@ -100,6 +100,13 @@ class SQLStore(abc.ABC):
         rows = await self._fetch("count_tasks", {})
         return {TaskState(row["state"]): row["tasks"] for row in rows}
 
+    async def ended_per_minute(self, since: float) -> dict[int, dict[TaskState, int]]:
+        rows = await self._fetch("count_ended", {"since": since})
+        found: dict[int, dict[TaskState, int]] = {}
+        for row in rows:
+            found.setdefault(row["minute"], {})[TaskState(row["state"])] = row["tasks"]
+        return found
+
     async def history(self, task_id: str) -> list[HistoryEntry]:
         rows = await self._fetch("select_history", {"task_id": task_id})
         return [HistoryEntry(task_id=task_id, **row) for row in rows]

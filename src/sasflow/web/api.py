@@ -135,7 +135,7 @@ async def submit_task(request: Request, caller: Operator, body: s.SubmitIn) -> A
     return {"task_id": task_id}
 
 
-@router.get("/tasks/{task_id}", response_model=s.TaskDetailOut, **_role(VIEWER))
+@router.get("/tasks/{task_id:path}", response_model=s.TaskDetailOut, **_role(VIEWER))
 async def show_task(request: Request, caller: Viewer, task_id: str) -> Any:
     """A task with its steps (attempts, deadlines, errors, compensations) and history."""
     return await _detail(_client(request), task_id)
@@ -148,7 +148,8 @@ async def _detail(client: Client, task_id: str) -> dict[str, Any]:
             "history": [history_json(entry) for entry in history]}
 
 
-@router.post("/tasks/{task_id}/retry", response_model=s.TaskDetailOut, **_role(OPERATOR))
+@router.post("/tasks/{task_id:path}/retry", response_model=s.TaskDetailOut,
+             **_role(OPERATOR))
 async def retry_task(request: Request, caller: Operator, task_id: str, body: s.RetryIn) -> Any:
     """Resubmit the task's failed step, once its cause is fixed (E8)."""
     client = _client(request)
@@ -156,7 +157,7 @@ async def retry_task(request: Request, caller: Operator, task_id: str, body: s.R
     return await _detail(client, task_id)
 
 
-@router.post("/tasks/{task_id}/compensate", response_model=s.TaskDetailOut,
+@router.post("/tasks/{task_id:path}/compensate", response_model=s.TaskDetailOut,
              **_role(OPERATOR))
 async def compensate_task(request: Request, caller: Operator, task_id: str,
                           body: s.Reason) -> Any:
@@ -166,7 +167,8 @@ async def compensate_task(request: Request, caller: Operator, task_id: str,
     return await _detail(client, task_id)
 
 
-@router.post("/tasks/{task_id}/cancel", response_model=s.TaskDetailOut, **_role(OPERATOR))
+@router.post("/tasks/{task_id:path}/cancel", response_model=s.TaskDetailOut,
+             **_role(OPERATOR))
 async def cancel_task(request: Request, caller: Operator, task_id: str,
                       body: s.Reason) -> Any:
     """Stop the task where it is, undoing nothing."""

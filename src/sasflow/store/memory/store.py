@@ -282,6 +282,15 @@ class MemoryStore(Tables):
         with self._data.lock:
             return dict(collections.Counter(task.state for task in self._tasks()))
 
+    async def ended_per_minute(self, since: float) -> dict[int, dict[TaskState, int]]:
+        found: dict[int, dict[TaskState, int]] = {}
+        with self._data.lock:
+            for task in self._tasks():
+                if terminal(task.state) and task.updated_at >= since:
+                    minute = found.setdefault(int((task.updated_at - since) // 60), {})
+                    minute[task.state] = minute.get(task.state, 0) + 1
+        return found
+
     async def history(self, task_id: str) -> list[HistoryEntry]:
         with self._data.lock:
             return [msgspec.structs.replace(entry) for entry in self._data.history
