@@ -10,13 +10,17 @@
 # make test-acceptance  the `sasflow` command line as a subprocess
 # make test-chaos       worker processes killed, frozen and partitioned
 # make test-scenario    the fault matrix: private servers crashed and restarted
+# make test-web         the HTTP API and the dashboard, in a real Chromium
+#
+# make screenshots      the dashboard's main pages, as docs/images/*.png
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
 .PHONY: demo test check bench clean \
-	test-unit test-sim test-contract test-acceptance test-chaos test-scenario
+	test-unit test-sim test-contract test-acceptance test-chaos test-scenario test-web \
+	screenshots
 
 $(BIN)/sasflow: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +36,12 @@ test: $(BIN)/sasflow
 	$(BIN)/mypy
 	$(BIN)/pytest -q --durations=20
 
-test-unit test-sim test-contract test-acceptance test-chaos test-scenario: $(BIN)/sasflow
+test-unit test-sim test-contract test-acceptance test-chaos test-scenario test-web: $(BIN)/sasflow
 	$(BIN)/pytest -q tests/$(@:test-%=%)
+
+screenshots: $(BIN)/sasflow
+	mkdir -p docs/images
+	SASFLOW_SCREENSHOTS=docs/images $(BIN)/pytest -q tests/web/test_browser.py -k retries
 
 check: $(BIN)/sasflow
 	$(BIN)/ruff check src tests bench

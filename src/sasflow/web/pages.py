@@ -13,6 +13,7 @@ one from a user's name and token (session.py).
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +29,7 @@ from sasflow.client import Client
 from sasflow.errors import SasflowError
 from sasflow.model import TaskState, isoformat
 from sasflow.store.listing import encode_cursor
+from sasflow.store.records import HistoryEntry
 from sasflow.web.session import COOKIE, Guard, Session
 
 __all__ = ["STATIC", "router"]
@@ -39,6 +41,8 @@ PAGE_SIZE = 50
 _templates = Jinja2Templates(env=jinja2.Environment(
     loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True))
 _templates.env.filters["when"] = lambda ts: (isoformat(ts) or "-")[:19].replace("T", " ")
+# JSON for reading, escaped as any text is (tojson's \u003c is for inside a script)
+_templates.env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
 
 router = APIRouter(include_in_schema=False)
 
@@ -169,6 +173,7 @@ async def task(request: Request, task_id: str) -> HTMLResponse:
         raise HTTPException(404, f"unknown task {task_id!r}") from None
     history = await client.ahistory(task_id)
     return _page(request, "task.html", task=found, history=history,
+                 took=_durations(history),
                  task_url=quote(task_id, safe=""),
                  trace_url=request.app.state.trace_url(task_id))
 
@@ -193,6 +198,22 @@ async def dead_letters(request: Request) -> HTMLResponse:
     _session(request)
     found = await _client(request).adead_letters(limit=200)
     return _page(request, "dead_letters.html", letters=found)
+
+
+def _durations(history: list[HistoryEntry]) -> dict[tuple[str, str], float]:
+    """How long each unit's last attempt ran, by (step, phase): from its move to
+    running to its move out of it, as the history records them."""
+    started: dict[tuple[str, str], float] = {}
+    took: dict[tuple[str, str], float] = {}
+    for entry in history:
+        if entry.step is None:
+            continue
+        unit = (entry.step, entry.phase or "do")
+        if entry.to_state in ("running", "compensating"):
+            started[unit] = entry.at
+        elif unit in started and entry.from_state in ("running", "compensating"):
+            took[unit] = entry.at - started.pop(unit)
+    return took
 
 
 async def login_redirect(request: Request, error: Exception) -> Response:
