@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
+from playwright.sync_api import Browser, Page, Playwright, sync_playwright
 
 from sasflow import App, TaskState
 from sasflow.web.app import create_app
-from support.servers import free_port
-from support.web import OPERATOR_TOKEN, USERS
-from support.waiting import wait_for
+from support.web import OPERATOR_TOKEN, USERS, serving
 
-playwright_api = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 HOSTILE = "<script>window.pwned = 1</script>"
 WAIT_MS = 120_000  # a hang guard for a loaded 2-core machine, not a claim about speed
@@ -32,20 +28,13 @@ WAIT_MS = 120_000  # a hang guard for a loaded 2-core machine, not a claim about
 
 @pytest.fixture
 def server(shop: App) -> Iterator[str]:
-    """The dashboard on a real loopback port, served by uvicorn in a thread."""
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(create_app(shop, USERS), host="127.0.0.1", port=port,
-                                       log_config=None, access_log=False))
-    thread = threading.Thread(target=uv.run, name="dashboard", daemon=True)
-    thread.start()
-    wait_for("the dashboard to listen", lambda: uv.started, timeout=60)
-    yield f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(timeout=60)
+    """The dashboard on a real loopback port."""
+    with serving(create_app(shop, USERS)) as url:
+        yield url
 
 
 @pytest.fixture
-def browser() -> Iterator[Callable[[], playwright_api.Browser]]:
+def browser() -> Iterator[Callable[[], Browser]]:
     """Starts Chromium when called: Playwright's sync API runs an event loop in this
     thread, so the test makes its tasks (through the App's blocking methods) first."""
     if not os.path.exists(CHROMIUM):
@@ -53,10 +42,10 @@ def browser() -> Iterator[Callable[[], playwright_api.Browser]]:
         if os.environ.get("CI") == "true":
             pytest.fail(message + ": .ci/run installs it")
         pytest.skip(message)
-    started: list[playwright_api.Playwright] = []
+    started: list[Playwright] = []
 
-    def launch() -> playwright_api.Browser:
-        started.append(playwright_api.sync_playwright().start())
+    def launch() -> Browser:
+        started.append(sync_playwright().start())
         return started[-1].chromium.launch(executable_path=CHROMIUM, headless=True,
                                            args=["--no-sandbox"])
 
@@ -65,13 +54,13 @@ def browser() -> Iterator[Callable[[], playwright_api.Browser]]:
         playwright.stop()
 
 
-def _screenshot(page: playwright_api.Page, name: str) -> None:
+def _screenshot(page: Page, name: str) -> None:
     folder = os.environ.get("SASFLOW_SCREENSHOTS")
     if folder:
         page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
 
 
-def _log_in(page: playwright_api.Page, server: str) -> None:
+def _log_in(page: Page, server: str) -> None:
     page.goto(f"{server}/")
     assert "/login" in page.url  # an anonymous visitor is sent to the login page
     page.fill("input[name=name]", "otto")
@@ -82,7 +71,7 @@ def _log_in(page: playwright_api.Page, server: str) -> None:
 
 @pytest.mark.parametrize("shop", ["sqlite"], indirect=True)
 def test_an_operator_retries_a_task_in_error_and_watches_it_finish(
-        shop: App, server: str, browser: Callable[[], playwright_api.Browser],
+        shop: App, server: str, browser: Callable[[], Browser],
         tmp_path: Path) -> None:
     fixed = tmp_path / "card-replaced"
     for n in range(3):
@@ -116,7 +105,7 @@ def test_an_operator_retries_a_task_in_error_and_watches_it_finish(
 
 @pytest.mark.parametrize("shop", ["sqlite"], indirect=True)
 def test_script_in_a_task_id_or_input_is_shown_as_text(
-        shop: App, server: str, browser: Callable[[], playwright_api.Browser]) -> None:
+        shop: App, server: str, browser: Callable[[], Browser]) -> None:
     shop.submit("restock", {"note": HOSTILE}, task_id=HOSTILE)
     assert shop.wait(HOSTILE, timeout=120).state is TaskState.PROCESSED
     page = browser().new_page()
