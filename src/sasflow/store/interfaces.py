@@ -2,7 +2,8 @@
 
 A client submits, reads and acts as an operator; a scheduler claims, applies and
 is woken; a supervisor finds expired and orphaned work under a lease; the relay
-empties the outbox; every worker instance beats. Each actor is typed with its
+empties the outbox; the alert deliverer posts alerts to webhooks; every
+worker instance beats. Each actor is typed with its
 own interface, so a change to what one actor needs shows whom it touches.
 `Store` is all of them: what the SQLite, PostgreSQL and memory stores implement
 and the contract suite in tests/contract/ checks.
@@ -23,12 +24,21 @@ from typing import Any, Protocol
 
 from sasflow.model import Task, TaskState
 from sasflow.store.listing import TaskQuery
-from sasflow.store.records import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
+from sasflow.store.records import (
+    Alert,
+    AlertDelivery,
+    Census,
+    DeliveryRecord,
+    HistoryEntry,
+    Instance,
+    NewTask,
+    OutboxMessage,
+)
 from sasflow.transition import Transition
 from sasflow.transport.dead_letter import DeadLetter
 
-__all__ = ["OUTBOX_LEASE_S", "ClaimRule", "ClientStore", "DeadLetterStore", "InstanceStore",
-           "RelayStore", "SchedulerStore", "Store", "SupervisorStore"]
+__all__ = ["OUTBOX_LEASE_S", "AlertDeliveryStore", "ClaimRule", "ClientStore", "DeadLetterStore",
+           "InstanceStore", "RelayStore", "SchedulerStore", "Store", "SupervisorStore"]
 
 
 class ClaimRule(Protocol):
@@ -238,8 +248,43 @@ class DeadLetterStore(Protocol):
         ...
 
 
+class AlertDeliveryStore(_Clock, Protocol):
+    """The alert deliverer's (alert_delivery.py): which alerts each webhook still needs,
+    and what came of each POST. A webhook is named by its label, its URL as `redact`
+    shows it: no credential reaches the store."""
+
+    async def take_alert_deliveries(self, webhooks: Collection[str], limit: int, *,
+                                    lease: float, attempts: int, max_age: float
+                                    ) -> list[AlertDelivery]:
+        """Take the POSTs due now: per webhook, up to `limit` alerts, oldest first, that
+        are not acknowledged, were raised at most `max_age` seconds ago, and that it
+        was neither sent nor refused, with fewer than `attempts` attempts taken and the
+        last one's lease or backoff passed. Each attempt is counted and leased for
+        `lease` seconds, so no other deliverer takes it meanwhile.
+
+        First, the alerts needing nothing more are done with, for good: those
+        acknowledged, older than `max_age`, or delivered or given up for every one of
+        `webhooks` (a webhook added later is sent the alerts raised from then on,
+        and those still pending for the others)."""
+        ...
+
+    async def record_alert_delivery(self, delivery: AlertDelivery, *,
+                                    error: str | None = None,
+                                    retry_at: float | None = None) -> bool:
+        """Record what came of a taken POST: delivered (no `error`); failed, due again at
+        `retry_at`; or failed for good (an `error` and no `retry_at`). Fenced by the
+        attempt: False, and nothing written, if a later attempt was taken since or
+        the delivery was settled."""
+        ...
+
+    async def alert_deliveries(self, alert_id: int) -> list[DeliveryRecord]:
+        """What came of an alert's deliveries so far: one record per webhook it was
+        taken for, by label."""
+        ...
+
+
 class Store(ClientStore, SchedulerStore, SupervisorStore, InstanceStore, RelayStore,
-            DeadLetterStore, Protocol):
+            DeadLetterStore, AlertDeliveryStore, Protocol):
     """Every verb: what a store implements."""
 
     async def close(self) -> None: ...

@@ -45,6 +45,44 @@ SELECT {alert_read} FROM alerts WHERE id = :id
 UPDATE alerts SET acknowledged_at = :now, acknowledged_by = :by, acknowledged_why = :why
 WHERE id = :id AND acknowledged_at IS NULL
 
+-- fragment: delivery_read
+-- a delivery's row as DeliveryRecord reads it (records.py)
+alert_id, url, tries, due_at, delivered_at, gave_up_at, last_error
+
+-- name: take_alert_delivery
+-- The next POSTs to one webhook (alert_delivery.py): alerts still pending (the partial
+-- index alerts_undelivered, so the cost grows with those, not with every alert), not
+-- acknowledged nor too old, that this webhook was neither sent nor refused, whose
+-- last attempt's lease or backoff has passed; oldest first. Each attempt is counted
+-- and leased until `until`; its count fences what it records. (The SELECT keeps its
+-- WHERE: SQLite needs one before an upsert's ON CONFLICT.)
+INSERT INTO alert_deliveries (alert_id, url, tries, due_at)
+SELECT a.id, CAST(:url AS TEXT), 1, :until FROM alerts a
+WHERE a.delivery_done_at IS NULL AND a.acknowledged_at IS NULL AND a.at >= :oldest
+  AND NOT EXISTS (SELECT 1 FROM alert_deliveries d
+                  WHERE d.alert_id = a.id AND d.url = CAST(:url AS TEXT)
+                    AND (d.due_at > :now OR d.tries >= :max_tries
+                         OR d.delivered_at IS NOT NULL OR d.gave_up_at IS NOT NULL))
+ORDER BY a.id LIMIT :limit
+ON CONFLICT (alert_id, url) DO UPDATE SET tries = alert_deliveries.tries + 1,
+                                          due_at = excluded.due_at
+WHERE alert_deliveries.due_at <= :now AND alert_deliveries.delivered_at IS NULL
+  AND alert_deliveries.gave_up_at IS NULL
+RETURNING alert_id, url, tries
+
+-- name: record_alert_delivery
+-- What an attempt came to, only while it is the last one taken (the fence) and its
+-- delivery is not settled; the last failure's error is kept once delivered.
+UPDATE alert_deliveries
+SET delivered_at = :delivered_at, gave_up_at = :gave_up_at, due_at = :due_at,
+    last_error = COALESCE(CAST(:error AS TEXT), last_error)
+WHERE alert_id = :alert_id AND url = :url AND tries = :attempt
+  AND delivered_at IS NULL AND gave_up_at IS NULL
+RETURNING alert_id
+
+-- name: select_alert_deliveries
+SELECT {delivery_read} FROM alert_deliveries WHERE alert_id = :alert_id ORDER BY url
+
 -- name: count_ended
 -- The tasks that ended since :since, by minute and state: the dashboard's throughput,
 -- over the partial index tasks_ended.

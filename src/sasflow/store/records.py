@@ -6,7 +6,8 @@ import msgspec
 
 from sasflow.workflow import workflow_version
 
-__all__ = ["Alert", "Census", "HistoryEntry", "Instance", "NewTask", "OutboxMessage"]
+__all__ = ["Alert", "AlertDelivery", "Census", "DeliveryRecord", "HistoryEntry", "Instance",
+           "NewTask", "OutboxMessage"]
 
 
 class NewTask(msgspec.Struct, kw_only=True):
@@ -61,6 +62,32 @@ class Alert(msgspec.Struct, kw_only=True):
     acknowledged_at: float | None = None
     acknowledged_by: str | None = None
     acknowledged_why: str | None = None
+
+
+class AlertDelivery(msgspec.Struct, kw_only=True):
+    """One POST of an alert to one webhook, taken to be sent (alert_delivery.py).
+
+    `url` is the webhook's label (its URL as `redact` shows it); `attempt` counts
+    the POSTs taken so far, this one included, and fences what it records.
+    """
+
+    alert: Alert
+    url: str
+    attempt: int
+
+
+class DeliveryRecord(msgspec.Struct, kw_only=True):
+    """What came of an alert's delivery to one webhook so far: the POSTs taken, when
+    the next may be (`due_at`: the lease of one in flight, or the backoff after a
+    failure), when it was delivered or given up on, and the last failure's error."""
+
+    alert_id: int
+    url: str
+    tries: int  # POSTs taken, the one in flight included
+    due_at: float
+    delivered_at: float | None = None
+    gave_up_at: float | None = None
+    last_error: str | None = None
 
 
 class Census(msgspec.Struct, kw_only=True):

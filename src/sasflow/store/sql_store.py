@@ -22,7 +22,16 @@ from typing import Any
 from sasflow.model import Task, TaskState
 from sasflow.store.interfaces import OUTBOX_LEASE_S, ClaimRule
 from sasflow.store.listing import TaskQuery
-from sasflow.store.records import Alert, Census, HistoryEntry, Instance, NewTask, OutboxMessage
+from sasflow.store.records import (
+    Alert,
+    AlertDelivery,
+    Census,
+    DeliveryRecord,
+    HistoryEntry,
+    Instance,
+    NewTask,
+    OutboxMessage,
+)
 from sasflow.store.rows import (
     Row,
     alert_from_row,
@@ -215,6 +224,53 @@ class SQLStore(abc.ABC):
     async def ack_outbox(self, ids: Collection[int]) -> None:
         if ids:
             await self._write(lambda now: [("delete_outbox", {"ids": list(ids)})])
+
+    # ------------------------------------------------------------ alert delivery (E8)
+    async def take_alert_deliveries(self, webhooks: Collection[str], limit: int, *,
+                                    lease: float, attempts: int, max_age: float
+                                    ) -> list[AlertDelivery]:
+        labels = list(webhooks)
+        if not labels or limit <= 0:
+            return []
+
+        def statements(now: float) -> list[Statement]:
+            bounds = {"now": now, "oldest": now - max_age, "max_tries": attempts}
+            return [("settle_alerts", {**bounds, "webhooks": labels}),
+                    *(("take_alert_delivery", {**bounds, "url": label, "until": now + lease,
+                                               "limit": limit}) for label in labels)]
+
+        # repeated after a lost commit, it takes others: those of the first try are
+        # leased, and go out once their lease ends (as the outbox's)
+        [_, *per_webhook] = await self._write(statements)
+        taken = [row for rows in per_webhook for row in rows]
+        if not taken:
+            return []
+        rows = await self._fetch("select_alerts_of",
+                                 {"ids": sorted({row["alert_id"] for row in taken})})
+        alerts = {alert.id: alert for alert in map(alert_from_row, rows)}
+        return sorted((AlertDelivery(alert=alerts[row["alert_id"]], url=row["url"],
+                                     attempt=row["tries"])
+                       for row in taken if row["alert_id"] in alerts),
+                      key=lambda d: (d.alert.id, d.url))
+
+    async def record_alert_delivery(self, delivery: AlertDelivery, *,
+                                    error: str | None = None,
+                                    retry_at: float | None = None) -> bool:
+        def statements(now: float) -> list[Statement]:
+            return [("record_alert_delivery", {
+                "alert_id": delivery.alert.id, "url": delivery.url,
+                "attempt": delivery.attempt, "error": error,
+                "delivered_at": now if error is None else None,
+                "gave_up_at": now if error is not None and retry_at is None else None,
+                "due_at": now if retry_at is None else retry_at})]
+
+        # repeated after a lost commit, the fence finds it written and writes nothing
+        [written] = await self._write(statements)
+        return bool(written)
+
+    async def alert_deliveries(self, alert_id: int) -> list[DeliveryRecord]:
+        rows = await self._fetch("select_alert_deliveries", {"alert_id": alert_id})
+        return [DeliveryRecord(**row) for row in rows]
 
     # ------------------------------------------------------------ dead letters (R3)
     async def add_dead_letter(self, letter: DeadLetter) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sasflow.model import Task
-from sasflow.store.records import Alert, HistoryEntry, Instance
+from sasflow.store.records import Alert, DeliveryRecord, HistoryEntry, Instance
 from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["Data", "Lease", "Outbox", "Stored", "named"]
@@ -55,6 +55,9 @@ class Data:
         self.leases: dict[str, Lease] = {}
         self.instances: dict[str, Instance] = {}
         self.dead_letters: dict[str, DeadLetter] = {}  # by id: one written twice is kept once
+        # alert deliveries by (alert id, webhook), and when each alert was done with
+        self.deliveries: dict[tuple[int, str], DeliveryRecord] = {}
+        self.delivery_done: dict[int, float] = {}
         self.ids = itertools.count(1)
         # watchers: (callback, its loop, its thread), told when work becomes claimable
         self.watchers: list[tuple[Callable[[float], None], asyncio.AbstractEventLoop, int]] = []

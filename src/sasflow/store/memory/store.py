@@ -42,6 +42,7 @@ from sasflow.model import (
 from sasflow.store.interfaces import ClaimRule
 from sasflow.store.listing import TaskQuery
 from sasflow.store.memory.data import Stored, named
+from sasflow.store.memory.deliveries import Deliveries
 from sasflow.store.memory.tables import Tables
 from sasflow.store.records import Alert, HistoryEntry, NewTask
 from sasflow.store.rows import check_legal, claim_transition, implied_rows, status_row
@@ -52,8 +53,9 @@ __all__ = ["MemoryStore"]
 _decode = msgspec.json.decode
 
 
-class MemoryStore(Tables):
-    """Tasks, steps, history, alerts, outbox, leases and instances in this process."""
+class MemoryStore(Tables, Deliveries):
+    """Tasks, steps, history, alerts, outbox, leases, instances and alert deliveries in
+    this process."""
 
     def __init__(self, name: str = "", *, clock: Callable[[], float] | None = None) -> None:
         self.name = name

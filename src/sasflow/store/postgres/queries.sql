@@ -91,6 +91,20 @@ RETURNING id, queue, body
 -- name: delete_outbox
 DELETE FROM outbox WHERE id = ANY(:ids)
 
+-- name: settle_alerts
+-- Alerts the deliverer needs nothing more of leave the partial index
+-- alerts_undelivered (as SQLite's settle_alerts, which says when).
+UPDATE alerts SET delivery_done_at = :now
+WHERE delivery_done_at IS NULL
+  AND (acknowledged_at IS NOT NULL OR at < :oldest
+       OR NOT EXISTS (SELECT 1 FROM unnest(:webhooks::text[]) AS w(url) WHERE NOT EXISTS (
+              SELECT 1 FROM alert_deliveries d WHERE d.alert_id = alerts.id AND d.url = w.url
+                AND (d.delivered_at IS NOT NULL OR d.gave_up_at IS NOT NULL
+                     OR (d.tries >= :max_tries AND d.due_at <= :now)))))
+
+-- name: select_alerts_of
+SELECT {alert_read} FROM alerts WHERE id = ANY(:ids::bigint[])
+
 -- name: migration_lock
 -- Migrations: serialised across processes by a transaction-level advisory lock.
 SELECT pg_advisory_xact_lock(hashtext('sasflow.schema_migrations'))

@@ -114,6 +114,22 @@ RETURNING id, queue, body
 -- name: delete_outbox
 DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(:ids))
 
+-- name: settle_alerts
+-- Alerts the deliverer needs nothing more of leave the partial index
+-- alerts_undelivered for good: acknowledged, raised before `oldest`, or settled for
+-- every webhook of `webhooks` (delivered, given up, or out of attempts with the last
+-- one's lease passed).
+UPDATE alerts SET delivery_done_at = :now
+WHERE delivery_done_at IS NULL
+  AND (acknowledged_at IS NOT NULL OR at < :oldest
+       OR NOT EXISTS (SELECT 1 FROM json_each(:webhooks) w WHERE NOT EXISTS (
+              SELECT 1 FROM alert_deliveries d WHERE d.alert_id = alerts.id AND d.url = w.value
+                AND (d.delivered_at IS NOT NULL OR d.gave_up_at IS NOT NULL
+                     OR (d.tries >= :max_tries AND d.due_at <= :now)))))
+
+-- name: select_alerts_of
+SELECT {alert_read} FROM alerts WHERE id IN (SELECT value FROM json_each(:ids))
+
 -- name: schema_migrations_exists
 SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'
 
