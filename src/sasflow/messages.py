@@ -47,6 +47,9 @@ class Request(msgspec.Struct, kw_only=True, omit_defaults=True):
     complete_by: float  # absolute, seconds since the epoch (the store's clock)
     reply_to: str  # the scheduler instance's reply queue
     result: Any = None  # for a compensation: the result of the step it undoes
+    # the W3C traceparent of the scheduler's span for this attempt (tracing.py); left out
+    # of the JSON when None, and skipped by readers that predate it
+    trace: str | None = None
 
 
 class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):

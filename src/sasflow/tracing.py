@@ -1,0 +1,242 @@
+"""OpenTelemetry tracing: one trace per task, whatever processes and restarts it crosses (U5).
+
+A task's trace id is derived from its id (`trace_id_of`: the first 16 bytes of
+the SHA-256 of it), so every scheduler and agent that touches the task joins
+the same trace with nothing stored, and an operator finds the trace from the
+task id. The trace holds::
+
+    (the task)                 no process records it: its span id is derived too
+    ├── reserve                a scheduler's attempt at a step: request published .. reply applied
+    │   └── agent inventory    one call of the agent's function, current while it runs
+    │       └── GET ...        what the function calls through an instrumented client
+    ├── charge                 a failed attempt has status ERROR and the error's text
+    ├── charge                 ... and its retry, a span of its own
+    └── undo reserve           a compensation's attempt (phase undo)
+
+The attempt's span reaches the agent as a W3C ``traceparent`` in the request
+(`Request.trace`); an agent handed none (its scheduler traces nothing) puts its
+span under the task's.
+
+Off unless the application configured a TracerProvider (OpenTelemetry's
+`set_tracer_provider`, or OTEL_PYTHON_TRACER_PROVIDER) before its worker
+started: each actor asks `configured()` once, holds the None it gets, and a
+step then pays one `is None` check. opentelemetry is imported here only, and
+only when something may have configured it: without the `otel` extra sasflow
+runs as it would with no tracing at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from sasflow.messages import Reply, Request
+from sasflow.model import Phase, Task
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer
+
+__all__ = ["Attempt", "Tracing", "configured", "trace_id_of"]
+
+# the attributes of sasflow's spans
+TASK_ID = "sasflow.task_id"
+WORKFLOW = "sasflow.workflow"
+STEP = "sasflow.step"
+AGENT = "sasflow.agent"
+ATTEMPT = "sasflow.attempt"  # the unit's attempt, as the store counts them (1, 2, ...)
+EPOCH = "sasflow.epoch"
+PHASE = "sasflow.phase"  # "do", or "undo" for a compensation
+OUTCOME = "sasflow.outcome"  # an attempt's: see Attempt
+CALL = "sasflow.call"  # an agent span's: the call's number within one delivery (retries)
+
+_PROVIDER_VARIABLE = "OTEL_PYTHON_TRACER_PROVIDER"
+
+
+def trace_id_of(task_id: str) -> str:
+    """The id of `task_id`'s trace, as 32 hex digits (what tracing backends search by)."""
+    return f"{_ids(task_id)[0]:032x}"
+
+
+def _ids(task_id: str) -> tuple[int, int]:
+    """The task's trace id and the span id of the task itself, both from its id."""
+    digest = hashlib.sha256(task_id.encode()).digest()
+    # an all-zero id is invalid; a digest that begins with 16 zero bytes will not occur
+    return int.from_bytes(digest[:16]) or 1, int.from_bytes(digest[16:24]) or 1
+
+
+def configured() -> Tracing | None:
+    """This process's tracing, or None while no TracerProvider is configured (or the
+    OpenTelemetry API is not installed). Each actor asks once, when it is made."""
+    if "opentelemetry.trace" not in sys.modules and _PROVIDER_VARIABLE not in os.environ:
+        return None  # nothing can have configured one: spare the import (~35 ms)
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    return Tracing(provider.get_tracer("sasflow"))
+
+
+class Tracing:
+    """sasflow's spans, made with `tracer`: the schedulers' attempts, the agents' calls."""
+
+    __slots__ = ("tracer",)
+
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+
+    def attempt(self, task: Task, request: Request) -> Attempt:
+        """The span of the attempt `request` makes at `task`'s current unit, started now.
+
+        Entered, it becomes current and puts its ``traceparent`` in `request`, to
+        be encoded with it; on exit it ends.
+        """
+        from opentelemetry.trace import SpanKind
+
+        record = task.steps[task.cursor]
+        undo = request.phase is Phase.UNDO
+        unit = record.compensation if undo and record.compensation else record
+        span = self.tracer.start_span(
+            f"undo {request.step}" if undo else request.step, context=_task_context(task.task_id),
+            kind=SpanKind.CLIENT, attributes={
+                TASK_ID: task.task_id, WORKFLOW: task.workflow, STEP: request.step,
+                AGENT: request.agent, ATTEMPT: unit.attempts, EPOCH: request.epoch,
+                PHASE: request.phase.value})
+        return Attempt(span, request)
+
+    def calls(self, call: Callable[[int], Awaitable[Any]], agent: str,
+              request: Request) -> Callable[[int], Awaitable[Any]]:
+        """`call`, each of its calls (an agent's tries at `request`) in a span of its own,
+        current while it runs: a child of the request's attempt span, or else of the task."""
+        from opentelemetry import context
+        from opentelemetry.trace import SpanKind, set_span_in_context
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        parent = (TraceContextTextMapPropagator().extract({"traceparent": request.trace})
+                  if request.trace else _task_context(request.task_id))
+        name = f"agent {agent}"
+        attributes: dict[str, str | int] = {
+            TASK_ID: request.task_id, STEP: request.step, AGENT: agent, EPOCH: request.epoch,
+            PHASE: request.phase.value}
+
+        async def traced(n: int) -> Any:
+            span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
+                                          attributes={**attributes, CALL: n})
+            # current for the function's call: an instrumented client (httpx) it uses
+            # makes its spans children of this one. A sync function's thread runs in
+            # a copy of this context (agent.py), this span included.
+            token = context.attach(set_span_in_context(span, parent))
+            try:
+                return await call(n)
+            except BaseException as error:
+                _failed(span, error)
+                raise
+            finally:
+                context.detach(token)
+                span.end()
+        return traced
+
+
+class Attempt:
+    """One attempt's span, a context manager: from its request's publication to its
+    reply applied, or the attempt given up.
+
+    Its outcome (attribute ``sasflow.outcome``): ``completed``; ``failed`` (the
+    agent refused for good, or the request was over the message limit);
+    ``gave_up`` (the agent ran out of tries); ``expired`` (no reply by the
+    complete-by); ``taken_away`` (the task was no longer this scheduler's to
+    write); ``error`` (the store or the transport raised); ``stopped`` (the
+    scheduler stopped). ``failed``, ``gave_up``, ``expired`` and ``error`` have
+    status ERROR with the error's text; ``error`` records the exception too.
+    """
+
+    __slots__ = ("_request", "_span", "_token")
+
+    def __init__(self, span: Span, request: Request) -> None:
+        self._span = span
+        self._request = request
+
+    def __enter__(self) -> Attempt:
+        from opentelemetry import context
+        from opentelemetry.trace import set_span_in_context
+
+        ids = self._span.get_span_context()
+        # W3C trace context, version 00 (what OpenTelemetry's propagator writes, a tenth
+        # of its cost): the agent's side reads it with the propagator
+        self._request.trace = f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.trace_flags:02x}"
+        # current while the scheduler publishes and applies: an instrumented broker or
+        # database client's spans nest under the attempt
+        self._token = context.attach(set_span_in_context(self._span))
+        return self
+
+    def replied(self, reply: Reply | None) -> None:
+        """The attempt's reply came (or, None, its complete-by passed without one)."""
+        if reply is None:
+            self._outcome("expired", "no reply by the complete-by")
+        elif reply.ok:
+            self._outcome("completed")
+        elif reply.permanent:
+            self._outcome("failed", reply.error)
+        else:
+            self._outcome("gave_up", reply.error)
+
+    def taken_away(self) -> None:
+        """The reply was not applied: the task was no longer this scheduler's."""
+        self._span.set_attribute(OUTCOME, "taken_away")
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: object) -> None:
+        from opentelemetry import context
+
+        context.detach(self._token)
+        if isinstance(error, asyncio.CancelledError):
+            self._span.set_attribute(OUTCOME, "stopped")
+        elif error is not None:
+            self._span.set_attribute(OUTCOME, "error")
+            _failed(self._span, error)
+        self._span.end()
+
+    def _outcome(self, outcome: str, error: str | None = None) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        self._span.set_attribute(OUTCOME, outcome)
+        if outcome != "completed":
+            self._span.set_status(Status(StatusCode.ERROR, error or outcome))
+
+
+@functools.lru_cache(maxsize=4096)  # a task's attempts follow one another: 6 µs each saved
+def _task_context(task_id: str) -> Context:
+    """A context whose current span is the task's own (remote: no process records it),
+    so that a span started in it is in the task's trace."""
+    from opentelemetry.trace import (
+        NonRecordingSpan,
+        SpanContext,
+        TraceFlags,
+        set_span_in_context,
+    )
+
+    trace_id, span_id = _ids(task_id)
+    # sampled: the default ParentBased sampler keeps the task's spans; a sampler that
+    # decides by trace id (TraceIdRatioBased) keeps or drops a task's spans all together
+    return set_span_in_context(NonRecordingSpan(SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
+
+
+def _failed(span: Span, error: BaseException) -> None:
+    """Mark `span` failed by `error`: status ERROR with its text, the exception recorded."""
+    from opentelemetry.trace import Status, StatusCode
+
+    if isinstance(error, asyncio.CancelledError):
+        description = "cancelled (the complete-by passed, or the worker stopped)"
+    else:
+        description = f"{type(error).__name__}: {error}"
+        span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, description))
