@@ -51,14 +51,15 @@ def key_for(sync: str, style: str, variant: str) -> str:
 
 
 # ---------------------------------------------------------------- one measurement
-def measure(a: argparse.Namespace) -> dict[str, Any]:
+def measure(a: argparse.Namespace, **start: Any) -> dict[str, Any]:
+    """One row; `start` adds options to `app.start` (observability.py: metrics=True)."""
     path = os.path.join(C.scratch_dir("throughput"), f"tp-{os.getpid()}.db")
     C.remove_db(path)
     app = make_app(C.store_url(path, a.sync))
     task_input = {"sleep": a.sleep} if a.sleep else None
     if a.style == "presubmitted":
-        return _presubmitted(a, app, path, task_input)
-    app.start(concurrency=a.concurrency)
+        return _presubmitted(a, app, path, task_input, start)
+    app.start(concurrency=a.concurrency, **start)
     try:
         for _ in range(WARM_UP):  # the writer thread, reader connections, agent queues
             app.wait(app.submit(WORKFLOW, task_input), timeout=STUCK_S)
@@ -86,8 +87,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "not_processed": not_done}
 
 
-def _presubmitted(a: argparse.Namespace, app: Any, path: str, task_input: Any
-                  ) -> dict[str, Any]:
+def _presubmitted(a: argparse.Namespace, app: Any, path: str, task_input: Any,
+                  start: dict[str, Any]) -> dict[str, Any]:
     async def submit_all() -> list[str]:
         return [await app.asubmit(WORKFLOW, task_input) for _ in range(a.n)]
 
@@ -96,7 +97,7 @@ def _presubmitted(a: argparse.Namespace, app: Any, path: str, task_input: Any
 
     ids = app._loop.run(submit_all())  # no roles running yet: nothing is claimed
     t0 = time.perf_counter()
-    app.start(concurrency=a.concurrency)
+    app.start(concurrency=a.concurrency, **start)
     tasks = app._loop.run(wait_all())
     elapsed = time.perf_counter() - t0
     app.stop()

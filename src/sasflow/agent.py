@@ -23,25 +23,31 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from sasflow import tracing
 from sasflow.breaker import CircuitBreaker
 from sasflow.errors import ConfigurationError, PayloadError, PermanentError, TransportError
 from sasflow.isolation import ISOLATIONS, FunctionRef, Isolation, ProcessPool
+from sasflow.logs import log_context
 from sasflow.messages import Reply, Request, decode_request, encode_within, refuse_non_finite
 from sasflow.model import Phase
 from sasflow.resilience import RetryPolicy, call_with_retries
 from sasflow.testing import failpoints
 from sasflow.transport.base import Transport, agent_queue
 from sasflow.transport.dead_letter import decoded
+
+if TYPE_CHECKING:
+    from sasflow.metrics import AgentMetrics, Metrics
 
 __all__ = ["AgentFunction", "AgentRequest", "AgentRuntime"]
 
@@ -168,10 +174,14 @@ class AgentRuntime:
     """
 
     def __init__(self, transport: Transport, agents: list[AgentFunction], *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, metrics: Metrics | None = None) -> None:
         self.transport = transport
         self.agents = {a.name: a for a in agents}
         self.clock = clock
+        # empty unless metrics are on (metrics.py): each request is then timed, retries counted
+        self._metered: dict[str, AgentMetrics] = {} if metrics is None else {
+            a.name: metrics.agent(a.name) for a in agents}
+        self._tracing = tracing.configured()  # None unless a tracer provider is set up
         self.breakers = {a.name: CircuitBreaker(a.name, failure_threshold=a.failure_threshold,
                                                 reset_timeout=a.reset_timeout)
                          for a in agents}
@@ -200,7 +210,10 @@ class AgentRuntime:
     def _handler(self, agent: AgentFunction) -> Callable[[bytes], Any]:
         async def handle(body: bytes) -> None:
             # a body that is no request is a dead letter at once (R3): kept, not dropped
-            await self.handle(agent, decoded(decode_request, body, f"request for {agent.name}"))
+            request = decoded(decode_request, body, f"request for {agent.name}")
+            # every record logged while it is handled, the agent's own included, names it
+            with log_context(task_id=request.task_id, step=request.step, epoch=request.epoch):
+                await self.handle(agent, request)
         return handle
 
     async def handle(self, agent: AgentFunction, request: Request) -> None:
@@ -215,12 +228,17 @@ class AgentRuntime:
                         request.epoch, DEADLINE_MARGIN - budget)
             return
         call = self._caller(agent, fn, request)
+        if self._tracing is not None:  # each call in a span, in the task's trace
+            call = self._tracing.calls(call, agent.name, request)
         if failpoints.ARMED: await failpoints.hit("agent.before_call")  # noqa: E701
+        metered = self._metered.get(agent.name)
+        retrying = call_with_retries(
+            call, policy=agent.retry, breaker=self.breakers[agent.name],
+            deadline=request.complete_by - DEADLINE_MARGIN, clock=self.clock,
+            on_retry=None if metered is None else metered.retried)
         try:
             async with asyncio.timeout(budget):
-                result = await call_with_retries(
-                    call, policy=agent.retry, breaker=self.breakers[agent.name],
-                    deadline=request.complete_by - DEADLINE_MARGIN, clock=self.clock)
+                result = await (retrying if metered is None else metered.timed(retrying))
         except TimeoutError:
             log.info("%s %s/%s: complete-by passed, falling silent", agent.name,
                      request.task_id, request.step)
@@ -254,9 +272,11 @@ class AgentRuntime:
         loop = asyncio.get_running_loop()
 
         async def call_in_thread(n: int) -> Any:
-            # a thread cannot be stopped: at the deadline its result is just dropped
-            return await loop.run_in_executor(self._threads, fn,
-                                              AgentRequest(request, n, self.clock))
+            # a thread cannot be stopped: at the deadline its result is just dropped.
+            # It runs in a copy of this context, so that what it logs names its request
+            # and what it calls joins its trace (the call's span is current, tracing.py)
+            return await loop.run_in_executor(self._threads, contextvars.copy_context().run,
+                                              fn, AgentRequest(request, n, self.clock))
         return call_in_thread
 
     async def _reply(self, request: Request, *, ok: bool, result: Any = None,

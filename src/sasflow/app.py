@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sasflow.agent import AgentFunction, AgentRequest
 from sasflow.backends import DEFAULT_STORE
@@ -31,6 +31,9 @@ from sasflow.transport import Transport
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES
 from sasflow.worker import Worker
 from sasflow.workflow import Step, Workflow
+
+if TYPE_CHECKING:
+    from sasflow.metrics import Metrics
 
 __all__ = ["DEFAULT_STORE", "App", "Migration"]
 
@@ -95,11 +98,22 @@ class App(Client):
         return callback
 
     # ------------------------------------------------------------ running
+    @property
+    def metrics(self) -> Metrics:
+        """The Prometheus metrics of this app's roles (metrics.py), on a registry of their
+        own (`app.metrics.registry`): counted while the roles run with `metrics=True` or
+        a `metrics_port` (`run`, `arun`, `start`)."""
+        return self._runner.metrics
+
     async def arun(self, **options: Any) -> None:
         """Run scheduler, agents and supervisor in this event loop until cancelled.
 
         `options`: roles, agents, concurrency, supervisor_interval, instance_id,
-        heartbeat, heartbeat_lease (worker.WorkerSettings)."""
+        heartbeat, heartbeat_lease, alert_webhooks (URLs the supervisors' leader POSTs
+        every alert to) and alert_webhook_secret (what signs them; both default to
+        $SASFLOW_ALERT_WEBHOOKS, comma-separated, and $SASFLOW_ALERT_WEBHOOK_SECRET),
+        metrics (count into `app.metrics`), metrics_port and metrics_host (serve them
+        over HTTP; implies metrics) (worker.WorkerSettings)."""
         await self._runner.serve(self._runner.worker(**options))
 
     def run(self, **options: Any) -> None:

@@ -42,6 +42,7 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._state = BreakerState.CLOSED
         self._probing = False
+        self.trips = 0  # times it opened: read by the metrics when scraped (metrics.py)
 
     @property
     def state(self) -> BreakerState:
@@ -67,6 +68,8 @@ class CircuitBreaker:
     def failed(self) -> None:
         self._failures += 1
         if self._probing or self._failures >= self.failure_threshold:
+            if self._state is not BreakerState.OPEN:
+                self.trips += 1
             self._state, self._opened_at, self._probing = BreakerState.OPEN, self._clock(), False
 
     def released(self) -> None:

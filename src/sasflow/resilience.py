@@ -67,12 +67,14 @@ async def call_with_retries(
     breaker: CircuitBreaker,
     deadline: float,
     clock: Callable[[], float] = time.time,
+    on_retry: Callable[[], None] | None = None,
 ) -> T:
     """Call `attempt(n)` until it succeeds, raises PermanentError, or the bounds end.
 
     The breaker sees every attempt: when open, attempts fail fast without
     calling. The caller enforces the deadline itself (by cancelling at it); this
-    only avoids starting waits that would end past it.
+    only avoids starting waits that would end past it. `on_retry` is called before
+    each attempt after the first (the metrics count retries with it).
     """
 
     async def guarded(n: int) -> T:
@@ -111,5 +113,7 @@ async def call_with_retries(
     )
     async for try_ in retrying:
         with try_:
+            if on_retry is not None:
+                on_retry()
             return await guarded(try_.retry_state.attempt_number + 1)
     raise AssertionError("unreachable: tenacity either returns or reraises")

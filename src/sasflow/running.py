@@ -8,14 +8,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sasflow.backends import Backends
 from sasflow.background_loop import BackgroundLoop
 from sasflow.declarations import Declarations
 from sasflow.errors import ConfigurationError
 from sasflow.signals import InProcessSignals
+from sasflow.webhooks import from_environment
 from sasflow.worker import Worker, WorkerSettings
+
+if TYPE_CHECKING:
+    from sasflow.metrics import Metrics
 
 __all__ = ["Runner"]
 
@@ -28,13 +32,32 @@ class Runner:
         self._signals = signals
         self._loop = loop
         self._background: asyncio.Task[None] | None = None
+        self._metrics: Metrics | None = None
+
+    @property
+    def metrics(self) -> Metrics:
+        """The app's metrics: every worker it runs with metrics on counts here."""
+        if self._metrics is None:
+            from sasflow.metrics import Metrics  # when asked for: prometheus_client takes ~70 ms
+
+            self._metrics = Metrics()
+        return self._metrics
 
     def worker(self, **options: Any) -> Worker:
-        """A worker over the app's parts; `options` are WorkerSettings' fields."""
+        """A worker over the app's parts; `options` are WorkerSettings' fields. The alert
+        webhooks and their secret not given (or None) are the environment's
+        ($SASFLOW_ALERT_WEBHOOKS, $SASFLOW_ALERT_WEBHOOK_SECRET)."""
+        urls, secret = from_environment()
+        if options.get("alert_webhooks") is None:
+            options["alert_webhooks"] = urls
+        if options.get("alert_webhook_secret") is None:
+            options["alert_webhook_secret"] = secret
+        settings = WorkerSettings(**options)
         return Worker(store=self._backends.store, transport=self._backends.transport,
                       workflows=self._declared.workflows, agents=self._declared.agents,
-                      settings=WorkerSettings(**options), on_applied=self._signals.applied,
-                      on_alert=self._signals.alerted)
+                      settings=settings, on_applied=self._signals.applied,
+                      on_alert=self._signals.alerted,
+                      metrics=self.metrics if settings.metered else None)
 
     async def serve(self, worker: Worker) -> None:
         """Run `worker` until cancelled; meanwhile this process's submissions wake it."""

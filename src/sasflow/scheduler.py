@@ -17,7 +17,9 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
+from sasflow import tracing
 from sasflow.errors import PayloadError, StoreError
+from sasflow.logs import log_context, log_step
 from sasflow.messages import Reply, Request, decode_reply, encode_within
 from sasflow.model import Phase, Task, TaskState
 from sasflow.outage import Repeats
@@ -62,6 +64,7 @@ class Scheduler:
         self._short_of_slots = False  # the last claim may have left work for want of slots
         # a lost broker fails every driver at once: one line per cause, not a traceback each
         self._failures = Repeats(log, "task driver failed; its task is left to the supervisor")
+        self._tracing = tracing.configured()  # None unless a tracer provider is set up
 
     def wake(self) -> None:
         """Look for work now (a task was submitted or released in this process)."""
@@ -185,7 +188,10 @@ class Scheduler:
         plan = self.plans[task.workflow]
         loop = asyncio.get_running_loop()
         try:
-            await self._run_units(task, plan, loop)
+            # every record logged while it drives, by it, the store or the transport,
+            # names the task, its epoch and the step (logs.py)
+            with log_context(task_id=task.task_id, epoch=task.epoch):
+                await self._run_units(task, plan, loop)
         except Exception:
             # A failed driver (the transport or the store raised) forgets its task and
             # leaves it to expire: the supervisor then releases it and counts a failure
@@ -203,31 +209,51 @@ class Scheduler:
         while task.locked_by == self.instance_id and task.state in (
                 TaskState.PROCESSING, TaskState.COMPENSATING):
             request = self._request(task)
-            try:
-                body = encode_within(request, self.transport.max_message_bytes,
-                                     what="request")
-            except PayloadError as error:
-                # the input and the results it carries outgrew a message: sending it
-                # again cannot help, so the unit fails for good, as an agent's
-                # permanent error would make it (R3, U7)
-                reply: Reply | None = _refused(request, str(error))
+            log_step(request.step)
+            # tracing off, a step pays this check and two more like it (in _run_unit)
+            if self._tracing is None:
+                after = await self._run_unit(task, request, plan, loop, None)
             else:
-                reply = await self._exchange(request, body, loop)
-            if reply is None:  # E7: the record stays as it is, expired; the supervisor acts
-                self._held.pop(task.task_id, None)
+                with self._tracing.attempt(task, request) as attempt:
+                    after = await self._run_unit(task, request, plan, loop, attempt)
+            if after is None:
                 return
-            if failpoints.ARMED: await failpoints.hit("scheduler.before_apply_reply")  # noqa: E701
-            transition = plan.reply(task, self.instance_id, reply.ok, reply.result, reply.error,
-                                    self.store.now(), permanent=reply.permanent)
-            # held as it will be once the write applies: a stop that comes while the write
-            # is on its way (and commits) releases the task from there
-            task = self._held[task.task_id] = applied(task, transition)
-            if not await self.store.apply(transition):
-                log.info("task %s was taken away (epoch %s): letting go", task.task_id,
-                         transition.epoch)
-                self._held.pop(task.task_id, None)
-                return
-            self.on_applied(transition)
+            task = after
+
+    async def _run_unit(self, task: Task, request: Request, plan: Plan,
+                        loop: asyncio.AbstractEventLoop,
+                        attempt: tracing.Attempt | None) -> Task | None:
+        """One attempt at the task's current unit: the task once its reply is applied,
+        or None when this instance lets go of it."""
+        try:
+            body = encode_within(request, self.transport.max_message_bytes, what="request")
+        except PayloadError as error:
+            # the input and the results it carries outgrew a message: sending it
+            # again cannot help, so the unit fails for good, as an agent's
+            # permanent error would make it (R3, U7)
+            reply: Reply | None = _refused(request, str(error))
+        else:
+            reply = await self._exchange(request, body, loop)
+        if attempt is not None:
+            attempt.replied(reply)
+        if reply is None:  # E7: the record stays as it is, expired; the supervisor acts
+            self._held.pop(task.task_id, None)
+            return None
+        if failpoints.ARMED: await failpoints.hit("scheduler.before_apply_reply")  # noqa: E701
+        transition = plan.reply(task, self.instance_id, reply.ok, reply.result, reply.error,
+                                self.store.now(), permanent=reply.permanent)
+        # held as it will be once the write applies: a stop that comes while the write
+        # is on its way (and commits) releases the task from there
+        task = self._held[task.task_id] = applied(task, transition)
+        if not await self.store.apply(transition):
+            if attempt is not None:
+                attempt.taken_away()
+            log.info("task %s was taken away (epoch %s): letting go", task.task_id,
+                     transition.epoch)
+            self._held.pop(task.task_id, None)
+            return None
+        self.on_applied(transition)
+        return task
 
     async def _exchange(self, request: Request, body: bytes,
                         loop: asyncio.AbstractEventLoop) -> Reply | None:

@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from sasflow.errors import StoreError
 from sasflow.incidents import IncidentWatch
+from sasflow.logs import log_context
 from sasflow.model import Task
 from sasflow.plan import Plan
 from sasflow.store.interfaces import SupervisorStore
@@ -187,7 +188,9 @@ class Supervisor:
             applied = await asyncio.gather(*(self.store.apply(t) for t in transitions))
             done = [t for t, ok in zip(transitions, applied, strict=True) if ok]
             for transition in done:
-                self.on_applied(transition)
+                # what it sets off (an alert, an application's callback) names its task
+                with log_context(task_id=transition.task_id):
+                    self.on_applied(transition)
             self._log_recoveries(done, what)
             total += len(done)
             self.recovered += len(done)

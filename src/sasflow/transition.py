@@ -70,6 +70,9 @@ class Transition(msgspec.Struct, kw_only=True):
     history, status and alert that go with it."""
 
     task_id: str
+    # the task's workflow: written nowhere (the task row has it), it names what a
+    # change is about to those who hear of it (metrics.py counts by workflow)
+    workflow: str = ""
     actor: str  # who: a scheduler/supervisor instance id, or "operator"
     why: str
     # the fence: the task must still be exactly as it was read

@@ -18,6 +18,9 @@ release the tasks of an instance whose beat is older than its `heartbeat_lease`.
 On a clean stop the worker says so (`Store.stopped`) after its scheduler has
 handed its tasks back. Under systemd (`Type=notify`), the first beat is
 `READY=1` and each later one `WATCHDOG=1` (sd_notify.py).
+
+Metrics (U5), when its settings turn them on: its roles count into a `Metrics`
+(metrics.py) while they run, served on `metrics_port` if given.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sasflow.agent import AgentFunction, AgentRuntime
+from sasflow.alert_delivery import AlertDeliverer
 from sasflow.declarations import plans_for
 from sasflow.errors import ConfigurationError
+from sasflow.logs import log_context
 from sasflow.outage import Outage
 from sasflow.scheduler import Scheduler
 from sasflow.sd_notify import notify
@@ -42,8 +48,12 @@ from sasflow.store.interfaces import Store
 from sasflow.store.records import Alert, Instance
 from sasflow.supervisor import Supervisor
 from sasflow.transition import Transition
-from sasflow.transport.base import Transport
+from sasflow.transport.base import Transport, agent_queue, reply_queue
+from sasflow.webhooks import Webhooks, configured_webhooks
 from sasflow.workflow import Workflow
+
+if TYPE_CHECKING:
+    from sasflow.metrics import Metrics
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_HEARTBEAT", "ROLES", "Worker", "WorkerSettings",
            "check_instance_id", "default_instance_id"]
@@ -86,7 +96,9 @@ def check_instance_id(instance_id: str) -> str:
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     """Which roles a worker runs, for which agents, and how (the `sasflow worker`
-    options). `agents=None` serves every declared agent."""
+    options). `agents=None` serves every declared agent. With `alert_webhooks`, its
+    supervisor, while it leads, POSTs every alert there, signed with
+    `alert_webhook_secret` (alert_delivery.py)."""
 
     roles: Collection[str] = ROLES
     agents: Collection[str] | None = None
@@ -95,6 +107,11 @@ class WorkerSettings:
     instance_id: str | None = None  # None: default_instance_id()
     heartbeat: float = DEFAULT_HEARTBEAT
     heartbeat_lease: float | None = None
+    alert_webhooks: Sequence[str] = ()
+    alert_webhook_secret: str | None = field(default=None, repr=False)
+    metrics: bool = False  # count metrics (metrics.py); implied by a metrics_port
+    metrics_port: int | None = None  # serve them over HTTP on it (0: any free port)
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.instance_id is not None:
@@ -105,6 +122,16 @@ class WorkerSettings:
         if self.heartbeat_lease is None:
             return _LEASE_BEATS * self.heartbeat
         return self.heartbeat_lease
+
+    @property
+    def metered(self) -> bool:
+        """Whether its roles count metrics."""
+        return self.metrics or self.metrics_port is not None
+
+    @property
+    def webhooks(self) -> Webhooks | None:
+        """The alert webhooks, checked; None without any."""
+        return configured_webhooks(self.alert_webhooks, self.alert_webhook_secret)
 
     def check(self) -> None:
         unknown = set(self.roles) - set(ROLES)
@@ -118,17 +145,25 @@ class WorkerSettings:
             raise ConfigurationError(
                 f"the heartbeat ({self.heartbeat:g}s) must be > 0 and shorter than its lease"
                 f" ({self.lease:g}s)")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigurationError(f"metrics port must be 0-65535, got {self.metrics_port}")
+        _ = self.webhooks  # checked here, before anything runs
 
 
 class Worker:
     """The roles of one process over its parts: a store, a transport, the declared
-    workflows and agents. It knows nothing of the App that assembled it."""
+    workflows and agents. It knows nothing of the App that assembled it.
+
+    `metrics` is where its roles count when the settings turn metrics on (a
+    registry of its own if not given); with them off it is not used.
+    """
 
     def __init__(self, *, store: Store, transport: Transport,
                  workflows: Mapping[str, Workflow], agents: Mapping[str, AgentFunction],
                  settings: WorkerSettings = WorkerSettings(),
                  on_applied: Callable[[Transition], None] = lambda t: None,
-                 on_alert: Callable[[Alert], None] = lambda a: None) -> None:
+                 on_alert: Callable[[Alert], None] = lambda a: None,
+                 metrics: Metrics | None = None) -> None:
         settings.check()
         served = list(agents) if settings.agents is None else list(settings.agents)
         missing = [a for a in served if a not in agents]
@@ -139,16 +174,32 @@ class Worker:
         self.store, self.transport = store, transport
         self.roles = frozenset(settings.roles)
         plans = plans_for(workflows, agents)
+        self.metrics = _metrics(settings, metrics)
+        self._metrics_at = (settings.metrics_host, settings.metrics_port)
+        scheduled, supervised = on_applied, on_applied
+        if self.metrics is not None:  # the callbacks that see each event count it too
+            scheduled = self.metrics.counting(on_applied)
+            supervised = self.metrics.counting(on_applied, supervisor=True)
+            on_alert = self.metrics.alerting(on_alert)
+            self.metrics.declare(workflows=workflows, queues=[
+                *(agent_queue(a) for a in served if "agent" in self.roles),
+                *([reply_queue(instance_id)] if "scheduler" in self.roles else [])])
         self.scheduler = Scheduler(store, transport, plans, instance_id=instance_id,
-                                   concurrency=settings.concurrency, on_applied=on_applied
+                                   concurrency=settings.concurrency, on_applied=scheduled
                                    ) if "scheduler" in self.roles else None
         # every complete-by was set on the store's clock: agents judge it on that (R1)
-        self.agents = AgentRuntime(transport, [agents[a] for a in served],
-                                   clock=store.now) if "agent" in self.roles else None
+        self.agents = AgentRuntime(transport, [agents[a] for a in served], clock=store.now,
+                                   metrics=self.metrics) if "agent" in self.roles else None
         self.supervisor = Supervisor(store, plans, instance_id=instance_id,
                                      interval=settings.supervisor_interval,
-                                     on_applied=on_applied, on_alert=on_alert
+                                     on_applied=supervised, on_alert=on_alert
                                      ) if "supervisor" in self.roles else None
+        # alerts go to the webhooks from the supervisors' leader: one process at a time
+        supervisor, webhooks = self.supervisor, settings.webhooks
+        self.alert_deliverer = AlertDeliverer(
+            store, webhooks, leading=lambda: supervisor.lease_epoch is not None,
+            interval=settings.supervisor_interval
+        ) if supervisor is not None and webhooks is not None else None
         self.heartbeat = settings.heartbeat
         self.instance = Instance(
             instance_id=instance_id, host=socket.gethostname(), pid=os.getpid(),
@@ -162,6 +213,20 @@ class Worker:
 
     async def run(self) -> None:
         """Run the roles until cancelled, beating while they run."""
+        # every record its roles log names this instance (logs.py)
+        with log_context(instance=self.instance.instance_id):
+            async with self._counting():
+                await self._serve()
+
+    def _counting(self) -> contextlib.AbstractAsyncContextManager[str | None]:
+        """Where the roles count while they run, and the metrics' server (or nothing)."""
+        if self.metrics is None:
+            return contextlib.nullcontext(None)
+        host, port = self._metrics_at
+        return self.metrics.running({} if self.agents is None else self.agents.breakers,
+                                    host=host, port=port)
+
+    async def _serve(self) -> None:
         try:
             await _until_done(lambda: self.store.beat(self.instance, first=True),
                               self._beats)
@@ -178,6 +243,8 @@ class Worker:
                     group.create_task(self.scheduler.run())
                 if self.supervisor is not None:
                     group.create_task(self.supervisor.run())
+                if self.alert_deliverer is not None:
+                    group.create_task(self.alert_deliverer.run())
                 if self.transport.shared:
                     group.create_task(self._relay())
         finally:
@@ -217,6 +284,16 @@ class Worker:
             backoff = 0.05
             if len(messages) < 256:
                 await asyncio.sleep(0.05)
+
+
+def _metrics(settings: WorkerSettings, given: Metrics | None) -> Metrics | None:
+    if not settings.metered:
+        return None
+    if given is not None:
+        return given
+    from sasflow.metrics import Metrics  # only when on: prometheus_client takes ~70 ms
+
+    return Metrics()
 
 
 async def _until_done(attempt: Callable[[], Awaitable[None]], outage: Outage) -> None:

@@ -3,6 +3,8 @@
 - every YAML file parses; every ``sasflow ...`` command line in the systemd
   units, the compose file and the Kubernetes manifests is accepted by the real
   command line (parsed and converted by click, nothing run);
+- the Grafana dashboard and the Prometheus alerting rules parse, and every
+  metric their expressions name is one that metrics.py defines;
 - every role has its service, with probes; the schema upgrade runs before the
   workers; no URL (nor its password) is written on a command line;
 - the manifests' ``sasflow healthcheck`` and ``sasflow db upgrade`` command lines,
@@ -17,6 +19,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -35,9 +38,12 @@ import click
 import psycopg
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from sasflow.cli import cli, run
 from sasflow.cli.app_ref import AppRef, load_app
+from sasflow.metrics import Metrics, store_exposition
+from sasflow.store.records import Instance
 from sasflow.worker import ROLES
 from support.cli import SHOP
 from support.process import Process
@@ -47,6 +53,8 @@ DEPLOY = ROOT / "deploy"
 SYSTEMD = DEPLOY / "systemd"
 K8S = DEPLOY / "k8s"
 COMPOSE = DEPLOY / "compose.yaml"
+DASHBOARD = DEPLOY / "grafana" / "sasflow-dashboard.json"
+ALERT_RULES = DEPLOY / "prometheus" / "sasflow-alerts.yml"
 GUIDE = ROOT / "docs" / "deploy.md"
 SHOP_AGENTS = ("inventory", "payments", "shipping")
 SASFLOW = Path(sys.executable).parent / "sasflow"  # the installed console script
@@ -218,7 +226,62 @@ def test_every_yaml_file_parses() -> None:
         assert documents, f"{path} is empty"
         for document in documents:
             assert isinstance(document, dict), f"{path}: {document!r}"
-            assert path == COMPOSE or {"apiVersion", "kind", "metadata"} <= set(document), path
+            assert path.parent != K8S or {"apiVersion", "kind", "metadata"} <= set(document), (
+                path)
+
+
+def defined_series() -> set[str]:
+    """Every series name metrics.py may expose: a worker's and the store's families,
+    with the suffixes of their types (a counter's _total, a histogram's _bucket...)."""
+    instance = Instance(instance_id="w", host="h", pid=1, roles=[], agents=[], workflows={},
+                        beat_at=0.0, lease=10.0)
+    families = [*Metrics().registry.collect(),
+                *text_string_to_metric_families(store_exposition({}, [instance], 0.0).decode())]
+    suffixes = {"counter": ("_total", "_created"), "gauge": ("",),
+                "histogram": ("_bucket", "_sum", "_count", "_created")}
+    return {f"{family.name}{suffix}" for family in families for suffix in suffixes[family.type]}
+
+
+def family_of(series: str) -> str:
+    for suffix in ("_total", "_created", "_bucket", "_sum", "_count"):
+        if series.endswith(suffix):
+            return series.removesuffix(suffix)
+    return series
+
+
+def expressions(node: Any) -> Iterator[str]:
+    """Every `expr` in a parsed JSON or YAML document, however deep."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "expr" and isinstance(value, str):
+                yield value
+            else:
+                yield from expressions(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from expressions(item)
+
+
+def test_the_dashboard_and_the_alerting_rules_name_only_metrics_sasflow_defines() -> None:
+    """Both parse; every `sasflow_...` name in their expressions is a series metrics.py
+    exposes; the dashboard shows each family; each rule says how bad and what it means."""
+    defined = defined_series()
+    assert {"sasflow_tasks", "sasflow_step_duration_seconds_bucket",
+            "sasflow_dead_letters_total"} <= defined
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    rules = yaml_documents(ALERT_RULES)[0]
+    named: dict[str, set[str]] = {}
+    for where, document in (("dashboard", dashboard), ("rules", rules)):
+        found = list(expressions(document))
+        assert found, where
+        named[where] = {n for e in found for n in re.findall(r"\bsasflow_[a-z_]+", e)}
+        assert named[where] <= defined, (where, named[where] - defined)
+    assert {family_of(n) for n in named["dashboard"]} == {family_of(n) for n in defined}
+    alerts = [rule for group in rules["groups"] for rule in group["rules"]]
+    assert len(alerts) >= 5
+    for rule in alerts:
+        assert rule["alert"].startswith("Sasflow") and rule["labels"]["severity"], rule
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule
 
 
 def test_every_sasflow_command_line_is_accepted_by_the_real_cli(

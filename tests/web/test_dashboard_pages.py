@@ -63,3 +63,18 @@ async def test_a_page_refreshes_its_main_part_alone(api: httpx.AsyncClient) -> N
     part = await api.get("/tasks", params={"fragment": "1"})
     assert "<html" in whole.text and 'id="live"' in whole.text
     assert "<html" not in part.text and "<table" in part.text
+
+
+async def test_a_task_page_links_to_its_trace_when_told_where(shop: App) -> None:
+    from sasflow.tracing import trace_id_of
+    from sasflow.web.app import create_app
+    from support.web import USERS
+
+    web = create_app(shop, USERS, trace_url="http://traces.test/trace/{trace_id}")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=web),
+                                 base_url="http://sasflow.test") as api:
+        task_id = await shop.asubmit("restock", None)
+        await _login(api, "otto", OPERATOR_TOKEN)
+        page = await api.get(f"/tasks/{task_id}")
+    assert f'href="http://traces.test/trace/{trace_id_of(task_id)}"' in page.text
+    assert len(trace_id_of(task_id)) == 32

@@ -1,15 +1,20 @@
-"""Commands that run things: ``demo``, ``worker`` and ``submit`` (U1, U3)."""
+"""Commands that run things: ``demo``, ``worker`` and ``submit`` (U1, U3, U5)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from sasflow.backends import DEFAULT_STORE
 from sasflow.cli.app_ref import APP_REF, AppRef, load_app
@@ -22,7 +27,8 @@ from sasflow.cli.options import (
     transport_option,
 )
 from sasflow.errors import ConfigurationError, PayloadError, SasflowError
-from sasflow.redact import RedactingFilter, redact
+from sasflow.logs import LOG_FORMATS, configure_logging, log_context
+from sasflow.redact import redact
 from sasflow.worker import (
     DEFAULT_CONCURRENCY,
     DEFAULT_HEARTBEAT,
@@ -31,11 +37,48 @@ from sasflow.worker import (
     default_instance_id,
 )
 
-__all__ = ["demo", "submit", "worker"]
+__all__ = ["Reporting", "demo", "log_format_of", "log_format_option", "submit", "worker"]
 
 log = logging.getLogger("sasflow.cli")
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+# the demo prints its own progress: of its own log, only what went wrong
+_DEMO_LOG_LEVEL = "warning"
+
+
+@dataclass(slots=True)
+class Reporting:
+    """How a command reports: its log lines and its one error line, "text" or "json".
+
+    `sasflow.cli.run` hands one to the root group as click's ``obj``; the group sets
+    it from ``sasflow --log-format``, and ``worker`` and ``demo`` from their own
+    option when given, so that a failed command's error line is written as its
+    log is.
+    """
+
+    log_format: str = "text"
+
+
+def log_format_option(f: F) -> F:
+    return option("--log-format", type=click.Choice(LOG_FORMATS, case_sensitive=False),
+                  envvar="SASFLOW_LOG_FORMAT",
+                  help="Log lines, and the error line, as text or as one JSON object each"
+                       " (default: as given to sasflow --log-format, text).")(f)
+
+
+def log_format_of(ctx: click.Context, given: str | None) -> str:
+    """The command's log format: its own option's if given, else the group's."""
+    reporting = ctx.find_object(Reporting)
+    if reporting is None:  # run without the group
+        reporting = ctx.ensure_object(Reporting)
+    elif ctx.get_parameter_source("log_format") is ParameterSource.ENVIRONMENT:
+        # the group read the variable too, unless its own option overrode it
+        return reporting.log_format
+    if given is not None:
+        reporting.log_format = given
+    return reporting.log_format
 
 
 @click.command()
@@ -45,10 +88,13 @@ _LOG_LEVELS = ("debug", "info", "warning", "error")
 @option("--chaos", is_flag=True, help="Kill and restart workers while the orders run.")
 @option("--store", metavar="URL", envvar="SASFLOW_STORE",
         help="State store URL (default: a fresh SQLite file for the demo).")
+@log_format_option
 @click.pass_context
 def demo(ctx: click.Context, orders: int | None, workers: int | None, chaos: bool,
-         store: str | None) -> None:
+         store: str | None, log_format: str | None) -> None:
     """Run the order-processing example, showing progress."""
+    log_format = log_format_of(ctx, log_format)
+    configure_logging(_DEMO_LOG_LEVEL, log_format)
     try:  # imported here: the demo pulls in its HTTP service, which other commands never need
         from sasflow.examples.orders.demo import run_demo
     except ImportError as error:
@@ -57,7 +103,20 @@ def demo(ctx: click.Context, orders: int | None, workers: int | None, chaos: boo
     # the demo keeps its own defaults for what was not given
     given = (("orders", orders), ("workers", workers))
     sizes: dict[str, Any] = {k: v for k, v in given if v is not None}
-    ctx.exit(run_demo(chaos=chaos, store=store, **sizes))
+    # its worker processes inherit this process's environment: they log as it does
+    with _environment("SASFLOW_LOG_FORMAT", log_format):
+        status = run_demo(chaos=chaos, store=store, **sizes)
+    ctx.exit(status)
+
+
+class _CommaSeparated(click.types.StringParamType):
+    """Text; a repeatable option's variable holds its values comma-separated."""
+
+    name = "URL"
+    envvar_list_splitter = ","
+
+
+_URLS = _CommaSeparated()
 
 
 @click.command(short_help="Run APP's scheduler, agents and supervisor.")
@@ -84,17 +143,34 @@ def demo(ctx: click.Context, orders: int | None, workers: int | None, chaos: boo
         envvar="SASFLOW_HEARTBEAT_LEASE",
         help="After this long without a heartbeat the worker counts as gone: its health"
              " check fails and supervisors release its tasks (default: 5 heartbeats).")
+@option("--alert-webhook", "alert_webhooks", metavar="URL", multiple=True, type=_URLS,
+        envvar="SASFLOW_ALERT_WEBHOOKS",
+        help="POST every alert, signed, to this http(s) URL; repeatable (in the variable:"
+             " comma-separated). The supervisors' leader sends them.")
+@option("--alert-webhook-secret", metavar="SECRET", envvar="SASFLOW_ALERT_WEBHOOK_SECRET",
+        help="The shared secret that signs the alert POSTs (HMAC-SHA256). Give it through"
+             " the variable: any user of the host can read a command line.")
+@option("--metrics-port", metavar="PORT", type=click.IntRange(0, 65535),
+        envvar="SASFLOW_METRICS_PORT",
+        help="Serve this worker's Prometheus metrics over HTTP on this port, at /metrics"
+             " (0: any free port, logged; default: no metrics).")
+@option("--metrics-host", metavar="ADDRESS", default="127.0.0.1", show_default=True,
+        envvar="SASFLOW_METRICS_HOST",
+        help="Address the metrics listen on; another than loopback exposes them, with no"
+             " authentication, to the network.")
 @option("--log-level", type=click.Choice(_LOG_LEVELS, case_sensitive=False), default="info",
         show_default=True, envvar="SASFLOW_LOG_LEVEL", help="Logging threshold (to stderr).")
-def worker(app_ref: AppRef, roles: tuple[str, ...], agents: tuple[str, ...] | None,
-           concurrency: int, store: str | None, transport: str | None,
-           instance_id: str | None, supervisor_interval: float, heartbeat: float,
-           heartbeat_lease: float | None, log_level: str) -> None:
+@log_format_option
+@click.pass_context
+def worker(ctx: click.Context, app_ref: AppRef, roles: tuple[str, ...],
+           agents: tuple[str, ...] | None, concurrency: int, store: str | None,
+           transport: str | None, instance_id: str | None, supervisor_interval: float,
+           heartbeat: float, heartbeat_lease: float | None,
+           alert_webhooks: tuple[str, ...], alert_webhook_secret: str | None,
+           metrics_port: int | None, metrics_host: str, log_level: str,
+           log_format: str | None) -> None:
     """Run APP's scheduler, agents and supervisor until SIGINT or SIGTERM."""
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for handler in logging.getLogger().handlers:  # client libraries log their URLs too (R5)
-        handler.addFilter(RedactingFilter())
+    configure_logging(log_level, log_format_of(ctx, log_format))
     app = load_app(app_ref)
     if agents is not None:
         unknown = [a for a in agents if a not in app.agents]
@@ -110,24 +186,28 @@ def worker(app_ref: AppRef, roles: tuple[str, ...], agents: tuple[str, ...] | No
         raise click.BadParameter(str(error), param_hint="'--instance-id'") from None
     # until the event loop installs its own handlers, SIGTERM stops us like SIGINT does
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        log.info("worker %s starting: app %s, roles %s, agents %s, store %s, transport %s",
-                 name, app_ref, ",".join(roles), ",".join(agents or app.agents),
-                 redact(app.store_url or DEFAULT_STORE), redact(app.transport_url or "memory"))
-        app.run(roles=roles, agents=agents, concurrency=concurrency,
-                supervisor_interval=supervisor_interval, instance_id=name,
-                heartbeat=heartbeat, heartbeat_lease=heartbeat_lease)
-    except KeyboardInterrupt:
-        pass
-    except SasflowError:
-        raise
-    except Exception as error:  # a role crashed: the log has the traceback, stderr one line
-        log.exception("worker %s failed", name)
-        raise _root_cause(error) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        app.close()
-    log.info("worker %s stopped", name)
+    with log_context(instance=name):  # its first and last lines too, not only its roles'
+        try:
+            log.info("worker %s starting: app %s, roles %s, agents %s, store %s, transport %s",
+                     name, app_ref, ",".join(roles), ",".join(agents or app.agents),
+                     redact(app.store_url or DEFAULT_STORE),
+                     redact(app.transport_url or "memory"))
+            app.run(roles=roles, agents=agents, concurrency=concurrency,
+                    supervisor_interval=supervisor_interval, instance_id=name,
+                    heartbeat=heartbeat, heartbeat_lease=heartbeat_lease,
+                    alert_webhooks=alert_webhooks, alert_webhook_secret=alert_webhook_secret,
+                    metrics_port=metrics_port, metrics_host=metrics_host)
+        except KeyboardInterrupt:
+            pass
+        except SasflowError:
+            raise
+        except Exception as error:  # a role crashed: the log has the traceback, stderr one line
+            log.exception("worker %s failed", name)
+            raise _root_cause(error) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            app.close()
+        log.info("worker %s stopped", name)
 
 
 @click.command()
@@ -176,6 +256,20 @@ def _parse_input(text: str | None) -> Any:
         return json.loads(text, parse_constant=reject)
     except ValueError as error:
         raise PayloadError(f"{source} is not valid JSON: {error}") from None
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """`name` set to `value` in this process's environment while it lasts."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

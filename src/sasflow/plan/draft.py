@@ -73,8 +73,8 @@ class Drafting:
               available_at: float | None = None) -> Transition:
         """The Transition that moves `task` to `state`, fenced on how it was read."""
         return Transition(
-            task_id=task.task_id, actor=actor, why=why, epoch=fence.epoch,
-            from_state=fence.state, owner=fence.owner, from_phase=fence.phase,
+            task_id=task.task_id, workflow=task.workflow, actor=actor, why=why,
+            epoch=fence.epoch, from_state=fence.state, owner=fence.owner, from_phase=fence.phase,
             from_cursor=fence.cursor, from_version=fence.version,
             expired_before=fence.expired_before,
             state=state, phase=task.phase, cursor=task.cursor, locked_by=locked_by,

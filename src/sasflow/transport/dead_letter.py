@@ -20,6 +20,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 from urllib.parse import parse_qsl
@@ -30,7 +31,7 @@ from sasflow.errors import ConfigurationError, PayloadError
 
 __all__ = ["DEFAULT_POLICY", "DeadLetter", "DeadLetterBox", "DeadLetterReader", "DeliveryPolicy",
            "ListBox", "MalformedMessage", "decoded", "describe", "letter_for",
-           "log_dead_letter", "new_letter_id", "policy_from_query"]
+           "log_dead_letter", "new_letter_id", "on_dead_letter", "policy_from_query"]
 
 log = logging.getLogger("sasflow.transport.dead_letter")
 
@@ -131,11 +132,22 @@ def preview(body: bytes, limit: int = PREVIEW_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+# Who hears of the dead letters made in this context: a worker with metrics on sets it
+# around its roles (metrics.py), so the consumers each transport starts there count
+# theirs without being handed anything.
+on_dead_letter: ContextVar[Callable[[DeadLetter], None] | None] = ContextVar(
+    "sasflow_on_dead_letter", default=None)
+
+
 def log_dead_letter(logger: logging.Logger, letter: DeadLetter) -> None:
-    """The one line logged for a dead letter (R3: logged once, not once per delivery)."""
+    """The one line logged for a dead letter (R3: logged once, not once per delivery),
+    and `on_dead_letter` told of it: every transport calls this once per dead letter."""
     logger.error("dead-lettered message %s of %s after %d deliver%s: %s (body: %s)",
                  letter.id, letter.queue, letter.deliveries,
                  "y" if letter.deliveries == 1 else "ies", letter.reason, preview(letter.body))
+    hear = on_dead_letter.get()
+    if hear is not None:
+        hear(letter)
 
 
 class DeadLetterReader(Protocol):

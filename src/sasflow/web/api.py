@@ -3,7 +3,9 @@
 Each goes through the application's client (client.py, operations.py), as the
 CLI does: the API adds who may call it (auth.py) and JSON shapes (schemas.py),
 nothing of the domain. Each route names the role it needs in its OpenAPI entry
-(`x-sasflow-role`; `none` for the health check alone).
+(`x-sasflow-role`; `none` for the health check alone). /api/v1/metrics, also
+answered at /metrics (the `scrape` router), is the store's state for
+Prometheus (metrics.py).
 """
 
 from __future__ import annotations
@@ -12,16 +14,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Security
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from sasflow.cli.output import alert_json, history_json
 from sasflow.client import Client
 from sasflow.errors import SasflowError
+from sasflow.metrics import CONTENT_TYPE, store_exposition
 from sasflow.model import Task, TaskState, isoformat
 from sasflow.store.listing import MAX_PAGE, encode_cursor
 from sasflow.store.records import Instance
@@ -30,14 +33,19 @@ from sasflow.web import schemas as s
 from sasflow.web.auth import OPERATOR, VIEWER, Principal
 from sasflow.web.session import authenticated
 
-__all__ = ["COUNTS_TTL_S", "ROLE_KEY", "router"]
+__all__ = ["COUNTS_TTL_S", "ROLE_KEY", "router", "scrape"]
+
+T = TypeVar("T")
 
 ROLE_KEY = "x-sasflow-role"
-COUNTS_TTL_S = 2.0  # the counts by state are kept this long: they scan an index
+# the counts by state (they scan an index) and the instances are kept this long:
+# dashboards and Prometheus poll them
+COUNTS_TTL_S = 2.0
 _bearer = HTTPBearer(auto_error=False, description="A token from `sasflow tokens new`.")
 
 log = logging.getLogger("sasflow.web")
 router = APIRouter(prefix="/api/v1")
+scrape = APIRouter()  # /metrics, where Prometheus looks by default
 
 
 def _caller(role: str) -> Callable[..., Awaitable[Principal]]:
@@ -70,6 +78,19 @@ def _client(request: Request) -> Client:
 
 def _task(task: Task) -> dict[str, Any]:
     return task.to_json(steps=False)
+
+
+async def _kept(request: Request, name: str, read: Callable[[], Awaitable[T]]) -> T:
+    """`read()`'s answer, kept on the app under `name` for COUNTS_TTL_S."""
+    state = request.app.state
+    kept: dict[str, tuple[float, Any]] | None = getattr(state, "kept", None)
+    if kept is None:
+        kept = state.kept = {}
+    found = kept.get(name)
+    if found is None or time.monotonic() - found[0] > COUNTS_TTL_S:
+        found = kept[name] = (time.monotonic(), await read())
+    value: T = found[1]
+    return value
 
 
 # ---------------------------------------------------------------- health
@@ -119,12 +140,13 @@ async def list_tasks(
 @router.get("/tasks/counts", response_model=s.CountsOut, **_role(VIEWER))
 async def count_tasks(request: Request, caller: Viewer) -> Any:
     """How many tasks are in each state (kept for a couple of seconds)."""
-    state = request.app.state
-    kept = getattr(state, "counts", None)
-    if kept is None or time.monotonic() - kept[0] > COUNTS_TTL_S:
-        counts = await _client(request).acount()
-        kept = state.counts = (time.monotonic(), {k.value: v for k, v in counts.items()})
-    return {"counts": kept[1], "total": sum(kept[1].values())}
+    counts = await _counts(request)
+    return {"counts": counts, "total": sum(counts.values())}
+
+
+async def _counts(request: Request) -> dict[str, int]:
+    counts = await _kept(request, "counts", _client(request).acount)
+    return {state.value: n for state, n in counts.items()}
 
 
 @router.post("/tasks", response_model=s.SubmittedOut, status_code=201, **_role(OPERATOR))
@@ -212,6 +234,24 @@ async def list_instances(request: Request, caller: Viewer) -> Any:
     found = await client.ainstances()
     now = client.now()
     return {"instances": [_instance(i, now) for i in found]}
+
+
+# ---------------------------------------------------------------- metrics
+@router.get("/metrics", **_role(VIEWER), response_class=PlainTextResponse, responses={
+    200: {"content": {CONTENT_TYPE: {}},
+          "description": "Prometheus' text format: sasflow_tasks{state},"
+                         " sasflow_worker_heartbeat_age_seconds{instance}, ..."}})
+@scrape.get("/metrics", **_role(VIEWER), response_class=PlainTextResponse,
+            summary="Metrics (as /api/v1/metrics)")
+async def metrics(request: Request, caller: Viewer) -> Response:
+    """The store's state for Prometheus: tasks by state, and the heartbeat of each
+    running worker instance (read at most every couple of seconds). The workers'
+    own counts are on their --metrics-port."""
+    client = _client(request)
+    counts = await _counts(request)
+    instances = await _kept(request, "instances", client.ainstances)
+    return Response(store_exposition(counts, instances, client.now()),
+                    media_type=CONTENT_TYPE)
 
 
 def _instance(instance: Instance, now: float) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from sasflow.client import Client
+from sasflow.errors import ConfigurationError
 from sasflow.web import api, pages
 from sasflow.web.auth import Users
 from sasflow.web.errors import BodyLimit, handlers
@@ -40,6 +41,7 @@ def create_app(client: Client, users: Users, *, body_limit: int | None = None,
     app.state.guard = Guard(users)
     app.state.trace_url = _trace_links(trace_url)
     app.include_router(api.router)
+    app.include_router(api.scrape)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=pages.STATIC), name="static")
     limit = body_limit or max(DEFAULT_BODY_LIMIT, client.max_payload_bytes + 64 * 1024)
@@ -50,6 +52,8 @@ def create_app(client: Client, users: Users, *, body_limit: int | None = None,
 def _trace_links(template: str | None) -> Callable[[str], str | None]:
     if not template:
         return lambda task_id: None
+    if "{trace_id}" not in template:
+        raise ConfigurationError(f"the trace URL {template!r} has no {{trace_id}} in it")
     from sasflow.tracing import trace_id_of
 
     return lambda task_id: template.format(trace_id=trace_id_of(task_id))

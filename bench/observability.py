@@ -1,0 +1,194 @@
+"""The cost of metrics and tracing: throughput.py's rows with each off and on.
+
+Each measurement is one throughput row (N wf3 tasks, every role in-process on a
+fresh SQLite file, synchronous=NORMAL; see throughput.py) in a child process, in
+one of four modes:
+
+  off      neither
+  metrics  the roles started with `app.start(metrics=True)`: each step counted
+           (metrics.py); the child reads back what was counted
+  tracing  an OpenTelemetry SDK TracerProvider with a BatchSpanProcessor and an
+           exporter that drops every span: the spans are made, batched and
+           handed over, nothing is sent; the child counts them
+  both
+
+Every mode of a row runs in each round, in an order rotated from round to
+round, so a machine that grows busier or quieter during the sitting weighs on
+every mode alike. Medians over the rounds, and each mode's steps/s as a ratio
+of off's. The load average before each measurement is kept: on a shared machine
+it says how noisy the sitting was.
+
+Usage: python bench/observability.py [--rounds 5] [--n 2000]
+           [--styles sequential,concurrent,presubmitted] [--variants noop,sleep10ms]
+           [--modes off,metrics,tracing,both]
+Prints one JSON line; the table of medians and ratios goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import common as C
+import throughput
+from workload import AGENT
+
+MODES = ("off", "metrics", "tracing", "both")
+
+
+def tracing_available() -> bool:
+    """Whether sasflow traces (tracing.py) and the OpenTelemetry SDK is installed."""
+    return all(importlib.util.find_spec(m) is not None
+               for m in ("sasflow.tracing", "opentelemetry.sdk.trace"))
+
+
+# ---------------------------------------------------------------- one measurement
+class _Dropped:
+    """Counts the spans a BatchSpanProcessor hands over, and drops them."""
+
+    spans = 0
+
+
+def _trace_into_nothing() -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropping(SpanExporter):
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            _Dropped.spans += len(spans)
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropping()))
+    trace.set_tracer_provider(provider)
+
+
+def measure(a: argparse.Namespace) -> dict[str, Any]:
+    traced = a.mode in ("tracing", "both")
+    metered = a.mode in ("metrics", "both")
+    if traced:
+        _trace_into_nothing()  # before the roles start: each looks for a provider then
+    made: list[Any] = []
+    make_app = throughput.make_app
+
+    def keep(*args: Any, **kwargs: Any) -> Any:  # to read back what the app counted
+        made.append(make_app(*args, **kwargs))
+        return made[-1]
+
+    throughput.make_app = keep
+    result = throughput.measure(a, **({"metrics": True} if metered else {}))
+    result["mode"] = a.mode
+    if metered:
+        result["steps_counted"] = sum(
+            made[0].metrics.registry.get_sample_value(
+                "sasflow_step_duration_seconds_count", {"agent": AGENT, "outcome": o}) or 0
+            for o in ("ok", "transient", "permanent", "deadline"))
+    if traced:
+        from opentelemetry import trace
+
+        trace.get_tracer_provider().shutdown()  # type: ignore[attr-defined]  # flushes
+        result["spans_made"] = _Dropped.spans
+    return result
+
+
+# ---------------------------------------------------------------- the sitting
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", default="main", choices=["main", "one"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=throughput.DEFAULT_CONCURRENCY)
+    ap.add_argument("--styles", default="sequential,concurrent,presubmitted")
+    ap.add_argument("--variants", default="noop,sleep10ms")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--budget-s", type=float, default=3000.0, help="bound for the whole run")
+    ap.add_argument("--child-timeout-s", type=float, default=240.0,
+                    help="bound for one measurement")
+    # one measurement (child process)
+    ap.add_argument("--mode", default="off", choices=MODES)
+    ap.add_argument("--sync", default="normal", choices=sorted(C.DURABILITY))
+    ap.add_argument("--style", default="presubmitted",
+                    choices=["sequential", "concurrent", "presubmitted"])
+    ap.add_argument("--sleep", type=float, default=0.0)
+    a = ap.parse_args()
+    if a.role == "one":
+        C.emit(measure(a))
+        return
+
+    modes = a.modes.split(",")
+    note = None
+    if not tracing_available():
+        modes = [m for m in modes if m in ("off", "metrics")]
+        note = ("tracing not measured: sasflow.tracing or the OpenTelemetry SDK is missing;"
+                " metrics alone")
+    rows = [(style, variant) for style in a.styles.split(",")
+            for variant in a.variants.split(",")]
+    deadline = C.Deadline(a.budget_s)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for round_no in range(a.rounds):
+        for style, variant in rows:
+            key = throughput.key_for("normal", style, variant)
+            shift = round_no % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
+                left = deadline.left()
+                if left < 15:
+                    break
+                load = os.getloadavg()[0]
+                result = C.run_child("observability.py", [
+                    "--role", "one", "--mode", mode, "--n", str(a.n), "--style", style,
+                    "--sleep", str(throughput.VARIANTS[variant]),
+                    "--concurrency", str(a.concurrency)],
+                    timeout=min(left - 5, a.child_timeout_s))
+                result.update(round=round_no, load1=round(load, 2))
+                runs.setdefault(key, {}).setdefault(mode, []).append(result)
+                print(f"round {round_no} {key} {mode}: {result.get('steps_per_s')} steps/s"
+                      f" (load {load:.2f})", file=sys.stderr, flush=True)
+    C.emit(summary(runs, a, note))
+
+
+def summary(runs: dict[str, dict[str, list[dict[str, Any]]]], a: argparse.Namespace,
+            note: str | None) -> dict[str, Any]:
+    medians: dict[str, dict[str, Any]] = {}
+    for key, by_mode in runs.items():
+        medians[key] = {}
+        for mode, results in by_mode.items():
+            rates = [r["steps_per_s"] for r in results if "steps_per_s" in r]
+            medians[key][mode] = {
+                "steps_per_s": round(statistics.median(rates), 1) if rates else None,
+                "runs_steps_per_s": rates,
+                "errors": [r["error"] for r in results if "error" in r]}
+        off = medians[key].get("off", {}).get("steps_per_s")
+        for figures in medians[key].values():
+            on = figures["steps_per_s"]
+            figures["ratio_to_off"] = round(on / off, 3) if on and off else None
+    loads = [r["load1"] for by_mode in runs.values() for rs in by_mode.values() for r in rs]
+    print(_table(medians), file=sys.stderr)
+    return {"peer": "sasflow", "backend": "sqlite", "bench": "observability", "n": a.n,
+            "rounds": a.rounds, "concurrency": a.concurrency, "note": note,
+            "load1_median": round(statistics.median(loads), 2) if loads else None,
+            "load1_max": max(loads, default=None), "medians": medians, "runs": runs}
+
+
+def _table(medians: dict[str, dict[str, Any]]) -> str:
+    modes = [m for m in MODES if any(m in by_mode for by_mode in medians.values())]
+    lines = ["| row | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    for key, by_mode in medians.items():
+        cells = []
+        for mode in modes:
+            figures = by_mode.get(mode, {})
+            rate, ratio = figures.get("steps_per_s"), figures.get("ratio_to_off")
+            cells.append("" if rate is None else f"{rate:,.0f} ({ratio:.2f})" if ratio
+                         else f"{rate:,.0f}")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
