@@ -9,7 +9,9 @@ one of four modes:
            (metrics.py); the child reads back what was counted
   tracing  an OpenTelemetry SDK TracerProvider with a BatchSpanProcessor and an
            exporter that drops every span: the spans are made, batched and
-           handed over, nothing is sent; the child counts them
+           handed over, nothing is sent; the child counts them. With --sample
+           RATIO below 1, its sampler is ParentBased(TraceIdRatioBased(RATIO)), as
+           a busy deployment would trace: that share of the tasks, each whole
   both
 
 Every mode of a row runs in each round, in an order rotated from round to
@@ -20,7 +22,7 @@ it says how noisy the sitting was.
 
 Usage: python bench/observability.py [--rounds 5] [--n 2000]
            [--styles sequential,concurrent,presubmitted] [--variants noop,sleep10ms]
-           [--modes off,metrics,tracing,both]
+           [--modes off,metrics,tracing,both] [--sample 1.0]
 Prints one JSON line; the table of medians and ratios goes to stderr.
 """
 
@@ -54,17 +56,19 @@ class _Dropped:
     spans = 0
 
 
-def _trace_into_nothing() -> None:
+def _trace_into_nothing(sample: float) -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     class Dropping(SpanExporter):
         def export(self, spans: Sequence[Any]) -> SpanExportResult:
             _Dropped.spans += len(spans)
             return SpanExportResult.SUCCESS
 
-    provider = TracerProvider()
+    provider = (TracerProvider(sampler=ParentBased(TraceIdRatioBased(sample))) if sample < 1
+                else TracerProvider())
     provider.add_span_processor(BatchSpanProcessor(Dropping()))
     trace.set_tracer_provider(provider)
 
@@ -73,7 +77,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     traced = a.mode in ("tracing", "both")
     metered = a.mode in ("metrics", "both")
     if traced:
-        _trace_into_nothing()  # before the roles start: each looks for a provider then
+        _trace_into_nothing(a.sample)  # before the roles start: each looks for one then
     made: list[Any] = []
     make_app = throughput.make_app
 
@@ -84,6 +88,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     throughput.make_app = keep
     result = throughput.measure(a, **({"metrics": True} if metered else {}))
     result["mode"] = a.mode
+    result["sample"] = a.sample
     if metered:
         result["steps_counted"] = sum(
             made[0].metrics.registry.get_sample_value(
@@ -108,6 +113,8 @@ def main() -> None:
     ap.add_argument("--styles", default="sequential,concurrent,presubmitted")
     ap.add_argument("--variants", default="noop,sleep10ms")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--sample", type=float, default=1.0,
+                    help="the share of tasks traced (a ratio sampler below 1)")
     ap.add_argument("--budget-s", type=float, default=3000.0, help="bound for the whole run")
     ap.add_argument("--child-timeout-s", type=float, default=240.0,
                     help="bound for one measurement")
@@ -144,7 +151,7 @@ def main() -> None:
                 result = C.run_child("observability.py", [
                     "--role", "one", "--mode", mode, "--n", str(a.n), "--style", style,
                     "--sleep", str(throughput.VARIANTS[variant]),
-                    "--concurrency", str(a.concurrency)],
+                    "--concurrency", str(a.concurrency), "--sample", str(a.sample)],
                     timeout=min(left - 5, a.child_timeout_s))
                 result.update(round=round_no, load1=round(load, 2))
                 runs.setdefault(key, {}).setdefault(mode, []).append(result)

@@ -82,16 +82,32 @@ def configured() -> Tracing | None:
     provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
-    return Tracing(provider.get_tracer("sasflow"))
+    return Tracing(provider.get_tracer("sasflow"), _root_decision(provider))
+
+
+def _root_decision(provider: Any) -> Callable[[int], bool]:
+    """Whether the provider's sampler keeps a trace that starts with this id: asked as
+    for a root span, so that a task's spans are kept or dropped all together, by the
+    sampler the application chose (ParentBased(TraceIdRatioBased(0.01)) keeps 1%)."""
+    sampler = getattr(provider, "sampler", None)  # the SDK's; another provider decides itself
+    if sampler is None:
+        return lambda trace_id: True
+
+    def sampled(trace_id: int) -> bool:
+        return bool(sampler.should_sample(None, trace_id, "task").decision.is_sampled())
+
+    return sampled
 
 
 class Tracing:
     """sasflow's spans, made with `tracer`: the schedulers' attempts, the agents' calls."""
 
-    __slots__ = ("tracer",)
+    __slots__ = ("sampled", "tracer")
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Tracer,
+                 sampled: Callable[[int], bool] = lambda trace_id: True) -> None:
         self.tracer = tracer
+        self.sampled = sampled  # whether a task's trace is kept (by its trace id)
 
     def attempt(self, task: Task, request: Request) -> Attempt:
         """The span of the attempt `request` makes at `task`'s current unit, started now.
@@ -105,7 +121,8 @@ class Tracing:
         undo = request.phase is Phase.UNDO
         unit = record.compensation if undo and record.compensation else record
         span = self.tracer.start_span(
-            f"undo {request.step}" if undo else request.step, context=_task_context(task.task_id),
+            f"undo {request.step}" if undo else request.step,
+            context=_task_context(task.task_id, self.sampled),
             kind=SpanKind.CLIENT, attributes={
                 TASK_ID: task.task_id, WORKFLOW: task.workflow, STEP: request.step,
                 AGENT: request.agent, ATTEMPT: unit.attempts, EPOCH: request.epoch,
@@ -121,7 +138,7 @@ class Tracing:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         parent = (TraceContextTextMapPropagator().extract({"traceparent": request.trace})
-                  if request.trace else _task_context(request.task_id))
+                  if request.trace else _task_context(request.task_id, self.sampled))
         name = f"agent {agent}"
         attributes: dict[str, str | int] = {
             TASK_ID: request.task_id, STEP: request.step, AGENT: agent, EPOCH: request.epoch,
@@ -213,9 +230,9 @@ class Attempt:
 
 
 @functools.lru_cache(maxsize=4096)  # a task's attempts follow one another: 6 µs each saved
-def _task_context(task_id: str) -> Context:
+def _task_context(task_id: str, sampled: Callable[[int], bool]) -> Context:
     """A context whose current span is the task's own (remote: no process records it),
-    so that a span started in it is in the task's trace."""
+    so that a span started in it is in the task's trace, sampled as `sampled` says."""
     from opentelemetry.trace import (
         NonRecordingSpan,
         SpanContext,
@@ -224,10 +241,12 @@ def _task_context(task_id: str) -> Context:
     )
 
     trace_id, span_id = _ids(task_id)
-    # sampled: the default ParentBased sampler keeps the task's spans; a sampler that
-    # decides by trace id (TraceIdRatioBased) keeps or drops a task's spans all together
+    # flagged as the sampler would decide for a root span of this trace: a ParentBased
+    # sampler (the default) then follows it for every span of the task, in any process,
+    # and one that decides by trace id (TraceIdRatioBased) decides the same anyway
+    flags = TraceFlags(TraceFlags.SAMPLED if sampled(trace_id) else TraceFlags.DEFAULT)
     return set_span_in_context(NonRecordingSpan(SpanContext(
-        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
+        trace_id, span_id, is_remote=True, trace_flags=flags)))
 
 
 def _failed(span: Span, error: BaseException) -> None:

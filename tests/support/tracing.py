@@ -10,6 +10,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 
 from sasflow import tracing
 
@@ -40,10 +41,10 @@ class Spans:
         return sorted(found, key=lambda span: span.start_time or 0)
 
 
-def install_provider(monkeypatch: pytest.MonkeyPatch) -> Spans:
+def install_provider(monkeypatch: pytest.MonkeyPatch, sampler: Sampler | None = None) -> Spans:
     """Make a TracerProvider that exports to memory this process's, for this test."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     # the API lets set_tracer_provider() take effect once a process: its global is set
     # here directly, and put back as it was after the test

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
 
 from sasflow import tracing
 from sasflow.errors import PermanentError, StoreError
@@ -201,6 +202,35 @@ def test_the_attempt_span_is_current_while_it_runs(tracer: Tracing) -> None:
     assert inside is not before and inside.get_span_context().trace_id == int(
         trace_id_of("order-7"), 16)
     assert trace.get_current_span() is before
+
+
+async def test_a_ratio_sampler_keeps_or_drops_each_tasks_spans_all_together(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ParentBased(TraceIdRatioBased(0.5)), the task's trace is kept or dropped as
+    the ratio decides by its trace id: its attempt and the agent's call alike."""
+    ratio = TraceIdRatioBased(0.5)
+    spans = install_provider(monkeypatch, ParentBased(ratio))
+    configured = tracing.configured()
+    assert configured is not None
+    kept: list[str] = []
+    for n in range(40):
+        task = msgspec.structs.replace(a_task(), task_id=f"order-{n}")
+        request = a_request(task_id=task.task_id)
+        with configured.attempt(task, request) as attempt:
+            attempt.replied(a_reply(ok=True))
+        await configured.calls(_ok, "inventory", request)(1)
+        decided = ratio.should_sample(None, int(trace_id_of(task.task_id), 16), "t")
+        if decided.decision is Decision.RECORD_AND_SAMPLE:
+            kept.append(task.task_id)
+    assert 5 < len(kept) < 35  # the ratio kept some tasks and dropped others
+    for task_id in (f"order-{n}" for n in range(40)):
+        expected = 1 if task_id in kept else 0
+        assert len(spans.attempts(task_id)) == expected, task_id
+        assert len(spans.agent_calls(task_id)) == expected, task_id
+
+
+async def _ok(n: int) -> str:
+    return "ok"
 
 
 # ---------------------------------------------------------------- an agent call's span

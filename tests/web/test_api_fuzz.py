@@ -19,7 +19,7 @@ from support.web import AS_OPERATOR, AS_VIEWER, USERS, serving
 
 # the document alone, from an app that never opens its store
 schema = schemathesis.openapi.from_dict(create_app(make_shop("memory://"), USERS).openapi())
-_FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+_FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None,
                  suppress_health_check=list(HealthCheck))
 
 
