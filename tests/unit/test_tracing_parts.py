@@ -222,6 +222,8 @@ async def test_a_ratio_sampler_keeps_or_drops_each_tasks_spans_all_together(
         decided = ratio.should_sample(None, int(trace_id_of(task.task_id), 16), "t")
         if decided.decision is Decision.RECORD_AND_SAMPLE:
             kept.append(task.task_id)
+        else:  # a dropped task costs no span, and its request carries no traceparent
+            assert request.trace is None
     assert 5 < len(kept) < 35  # the ratio kept some tasks and dropped others
     for task_id in (f"order-{n}" for n in range(40)):
         expected = 1 if task_id in kept else 0
