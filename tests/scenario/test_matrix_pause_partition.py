@@ -63,7 +63,7 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
     run.submit(FIRST_WAVE)
     cluster.wait_for(f"the victim to hold {HELD}+ tasks",
                      lambda: len(run.held_by(victim)) >= HELD, timeout=60)
-    frozen_at = victim.freeze()
+    frozen_at = freeze_between_writes(cluster, victim)
     leader, at = freeze_leader(cluster)
     frozen_at = min(frozen_at, at)
     held = run.held_by(victim)
@@ -147,13 +147,28 @@ def partition(run: Run, port: int, routed: Callable[[FaultProxy], Route]) -> Non
     run.conclude(fenced={victim.name: cut_at}, quiet=[peer, supervisor])
 
 
+def freeze_between_writes(cluster: Cluster, worker: Worker) -> float:
+    """SIGSTOP `worker` at a moment it holds no store-wide lock. On SQLite a process
+    stopped inside its write transaction stops every other process's writes: an
+    outage of the whole store, not the paused worker this test is about. Such a
+    stop is undone and made again."""
+    for _ in range(50):
+        at = worker.freeze()
+        if cluster.db.writable():
+            return at
+        worker.thaw()
+    raise AssertionError(f"{worker.name} held the store's write lock at every stop\n"
+                         f"{cluster.diagnostics()}")
+
+
 def freeze_leader(cluster: Cluster) -> tuple[Worker, float]:
     """SIGSTOP the supervisor that holds the lease, as the lease row shows it after the
-    stop (a leader may lose the lease between the read and the signal: then again)."""
+    stop (a leader may lose the lease between the read and the signal: then again),
+    between its writes (freeze_between_writes)."""
     for _ in range(20):
         name = cluster.wait_for("a supervisor leader", cluster.leader, timeout=30)
         leader = cluster.worker(name)
-        at = leader.freeze()
+        at = freeze_between_writes(cluster, leader)
         lease = cluster.lease()
         if lease is not None and lease[0] == name:
             return leader, at

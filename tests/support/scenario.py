@@ -127,6 +127,25 @@ class StoreReader:
         finally:
             conn.close()
 
+    def writable(self) -> bool:
+        """Whether a write could start now. Only SQLite can say no: it has one writer,
+        and a process stopped inside its write transaction holds every other
+        process's writes until it resumes (PostgreSQL locks rows, not the store)."""
+        if self._sqlite is None:
+            return True
+        try:
+            conn = sqlite3.connect(self._sqlite, timeout=1.0, isolation_level=None)
+        except sqlite3.OperationalError:
+            return False
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # the write lock, taken and given back at once
+            conn.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:  # still locked after a second: held by a frozen one
+            return False
+        finally:
+            conn.close()
+
     def must(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Rows, retrying for up to 20 s (the store may be restarting)."""
         deadline = time.monotonic() + 20
