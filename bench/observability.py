@@ -17,8 +17,12 @@ one of four modes:
 Every mode of a row runs in each round, in an order rotated from round to
 round, so a machine that grows busier or quieter during the sitting weighs on
 every mode alike. Medians over the rounds, and each mode's steps/s as a ratio
-of off's. The load average before each measurement is kept: on a shared machine
-it says how noisy the sitting was.
+of off's: the ratio of the medians, and the median of each round's ratio to
+that round's off (paired: what drifts over the sitting cancels within a round).
+Each child also reports the CPU time its process spent a completed step (all
+its threads); off's over the mode's is the throughput ratio a CPU-bound process
+would see: a second reading of the same cost. The load average before each
+measurement is kept: on a shared machine it says how noisy the sitting was.
 
 Usage: python bench/observability.py [--rounds 5] [--n 2000]
            [--styles sequential,concurrent,presubmitted] [--variants noop,sleep10ms]
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import random
 import statistics
 import sys
 from collections.abc import Sequence
@@ -165,35 +170,77 @@ def summary(runs: dict[str, dict[str, list[dict[str, Any]]]], a: argparse.Namesp
     medians: dict[str, dict[str, Any]] = {}
     for key, by_mode in runs.items():
         medians[key] = {}
+        offs = {r["round"]: r for r in by_mode.get("off", []) if "steps_per_s" in r}
         for mode, results in by_mode.items():
-            rates = [r["steps_per_s"] for r in results if "steps_per_s" in r]
+            done = [r for r in results if "steps_per_s" in r]
+            rates = [r["steps_per_s"] for r in done]
+            cpus = [r["cpu_us_per_step"] for r in done]
+            # each round's ratio to the same round's off: the machine's drift over the
+            # sitting cancels out within a round, and the median drops the odd round out
+            paired = [r["steps_per_s"] / offs[r["round"]]["steps_per_s"]
+                      for r in done if r["round"] in offs]
+            paired_cpu = [offs[r["round"]]["cpu_us_per_step"] / r["cpu_us_per_step"]
+                          for r in done if r["round"] in offs]
             medians[key][mode] = {
-                "steps_per_s": round(statistics.median(rates), 1) if rates else None,
-                "runs_steps_per_s": rates,
+                "steps_per_s": _median(rates, 1), "runs_steps_per_s": rates,
+                "cpu_us_per_step": _median(cpus, 1), "runs_cpu_us_per_step": cpus,
+                "paired_ratio": _median(paired, 3), "paired_ratio_90": _interval(paired),
+                "paired_cpu_ratio": _median(paired_cpu, 3),
                 "errors": [r["error"] for r in results if "error" in r]}
-        off = medians[key].get("off", {}).get("steps_per_s")
+        off = medians[key].get("off", {})
         for figures in medians[key].values():
-            on = figures["steps_per_s"]
-            figures["ratio_to_off"] = round(on / off, 3) if on and off else None
+            figures["ratio_to_off"] = _ratio(figures["steps_per_s"], off.get("steps_per_s"))
+            # off's CPU over the mode's: below 1 by the share of throughput the extra CPU
+            # costs a process that is CPU-bound
+            figures["cpu_ratio_to_off"] = _ratio(off.get("cpu_us_per_step"),
+                                                 figures["cpu_us_per_step"])
     loads = [r["load1"] for by_mode in runs.values() for rs in by_mode.values() for r in rs]
     print(_table(medians), file=sys.stderr)
     return {"peer": "sasflow", "backend": "sqlite", "bench": "observability", "n": a.n,
-            "rounds": a.rounds, "concurrency": a.concurrency, "note": note,
-            "load1_median": round(statistics.median(loads), 2) if loads else None,
+            "rounds": a.rounds, "concurrency": a.concurrency, "sample": a.sample,
+            "note": note, "load1_median": round(statistics.median(loads), 2) if loads else None,
             "load1_max": max(loads, default=None), "medians": medians, "runs": runs}
 
 
+def _median(values: list[float], digits: int) -> float | None:
+    return round(statistics.median(values), digits) if values else None
+
+
+def _interval(ratios: list[float], draws: int = 2000) -> list[float] | None:
+    """A 90% bootstrap interval of the median of `ratios`: how far the median could be
+    from what more rounds would give, judged from the spread of these."""
+    if len(ratios) < 3:
+        return None
+    pick = random.Random(0)  # the same rounds give the same interval
+    medians = sorted(statistics.median(pick.choices(ratios, k=len(ratios)))
+                     for _ in range(draws))
+    return [round(medians[int(0.05 * draws)], 3), round(medians[int(0.95 * draws) - 1], 3)]
+
+
+def _ratio(on: float | None, off: float | None) -> float | None:
+    return round(on / off, 3) if on and off else None
+
+
 def _table(medians: dict[str, dict[str, Any]]) -> str:
+    """Steps/s medians (ratio of medians; median of the rounds' paired ratios [its 90%
+    interval]), then CPU µs a step (off's over the mode's)."""
     modes = [m for m in MODES if any(m in by_mode for by_mode in medians.values())]
     lines = ["| row | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for key, by_mode in medians.items():
-        cells = []
+        rate_cells, cpu_cells = [], []
         for mode in modes:
-            figures = by_mode.get(mode, {})
-            rate, ratio = figures.get("steps_per_s"), figures.get("ratio_to_off")
-            cells.append("" if rate is None else f"{rate:,.0f} ({ratio:.2f})" if ratio
-                         else f"{rate:,.0f}")
-        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+            f = by_mode.get(mode, {})
+            rate, cpu = f.get("steps_per_s"), f.get("cpu_us_per_step")
+            interval = f.get("paired_ratio_90")
+            rate_cells.append("" if rate is None else f"{rate:,.0f}" + (
+                f" ({f['ratio_to_off']:.2f}; {f['paired_ratio']:.2f}" + (
+                    f" [{interval[0]:.2f}-{interval[1]:.2f}]" if interval else "") + ")"
+                if mode != "off" and f.get("ratio_to_off") and f.get("paired_ratio") else ""))
+            cpu_cells.append("" if cpu is None else f"{cpu:,.0f} µs" + (
+                f" ({f['cpu_ratio_to_off']:.2f})"
+                if mode != "off" and f.get("cpu_ratio_to_off") else ""))
+        lines.append(f"| {key} | " + " | ".join(rate_cells) + " |")
+        lines.append(f"| {key}, CPU a step | " + " | ".join(cpu_cells) + " |")
     return "\n".join(lines)
 
 
