@@ -235,7 +235,7 @@ def test_the_broker_clients_reconnect_warnings_show_no_secret(
     f"postgresql://u@h/db?password={SECRET}&bogus=1",
     f"mysql://u:{SECRET}@h/db",
     f"sqlite://u:{SECRET}@h/db",
-])
+], ids=lambda url: url.replace(SECRET, "SECRET"))  # the same in every process (xdist)
 def test_store_errors_from_the_python_api_show_no_secret(url: str) -> None:
     """open_store / App refuse a bad store URL without showing its secret."""
     with pytest.raises(SasflowError) as refused:
@@ -250,7 +250,7 @@ def test_store_errors_from_the_python_api_show_no_secret(url: str) -> None:
     f"kafka://u:{SECRET}@h/",
     f"redis://:{SECRET}@h/0?maxlen=many",
     f"redis://h/0?password={SECRET}&visibility_timeout=soon",
-])
+], ids=lambda url: url.replace(SECRET, "SECRET"))
 def test_transport_errors_from_the_python_api_show_no_secret(url: str) -> None:
     """open_transport refuses a bad transport URL without showing its secret."""
     with pytest.raises(SasflowError) as refused:
