@@ -185,3 +185,37 @@ def test_worker_that_cannot_start_exits_1_with_one_error_line(
         "sasflow: error: unknown transport URL 'carrier-pigeon://loft':"
         " expected memory, amqp://... or redis://...")
     assert cli.snapshot() == before
+
+
+PROBE_APP = """
+import gc
+
+from sasflow import App, Step
+
+app = App()
+
+
+@app.agent("probe")
+def probe(req):
+    return {"threshold": gc.get_threshold()[0], "frozen": gc.get_freeze_count()}
+
+
+app.workflow("probe", steps=[Step("probe", agent="probe", timeout=60.0)])
+"""
+
+
+@pytest.mark.parametrize(("args", "threshold"), [((), 10_000),
+                                                 (("--gc-threshold", "2500"), 2500)])
+def test_a_worker_sets_the_garbage_collector_for_a_process_that_only_runs_roles(
+        cli: Cli, tmp_path: Path, args: tuple[str, ...], threshold: int) -> None:
+    """What the worker loaded at start is frozen out of collections, and the youngest
+    generation is collected every --gc-threshold allocations, as its agents see."""
+    app = tmp_path / "probeapp.py"
+    app.write_text(PROBE_APP)
+    assert cli("submit", f"{app}:app", "probe", "--task-id", "p-1").status == 0
+    worker = cli.worker(f"{app}:app", *args)
+    task = cli.wait_for("p-1", "processed", worker)
+    assert worker.stop() == 0
+    result = task["steps"][0]["result"]
+    assert result["threshold"] == threshold
+    assert result["frozen"] > 10_000  # sasflow, the app and their libraries
