@@ -111,13 +111,17 @@ class Tracing:
         self.tracer = tracer
         self.sampled = sampled  # whether a task's trace is kept (by its trace id)
 
+    def kept(self, task_id: str) -> bool:
+        """Whether the sampler keeps the spans of `task_id`'s trace."""
+        return self.sampled(_ids(task_id)[0])
+
     def attempt(self, task: Task, request: Request) -> Attempt:
         """The span of the attempt `request` makes at `task`'s current unit, started now.
 
         Entered, it becomes current and puts its ``traceparent`` in `request`, to
         be encoded with it; on exit it ends.
         """
-        if not self.sampled(_ids(task.task_id)[0]):
+        if not self.kept(task.task_id):
             return _UNTRACED  # a task the sampler drops costs no span at all
         from opentelemetry.trace import SpanKind
 
@@ -126,7 +130,7 @@ class Tracing:
         unit = record.compensation if undo and record.compensation else record
         span = self.tracer.start_span(
             f"undo {request.step}" if undo else request.step,
-            context=_task_context(task.task_id, self.sampled),
+            context=_task_context(task.task_id),
             kind=SpanKind.CLIENT, attributes={
                 TASK_ID: task.task_id, WORKFLOW: task.workflow, STEP: request.step,
                 AGENT: request.agent, ATTEMPT: unit.attempts, EPOCH: request.epoch,
@@ -138,14 +142,14 @@ class Tracing:
         """`call`, each of its calls (an agent's tries at `request`) in a span of its own,
         current while it runs: a child of the request's attempt span, or else of the task."""
         if (request.trace.endswith("-00") if request.trace  # its attempt is not sampled
-                else not self.sampled(_ids(request.task_id)[0])):
+                else not self.kept(request.task_id)):
             return call  # the task's spans are dropped: make none
         from opentelemetry import context
         from opentelemetry.trace import SpanKind, set_span_in_context
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         parent = (TraceContextTextMapPropagator().extract({"traceparent": request.trace})
-                  if request.trace else _task_context(request.task_id, self.sampled))
+                  if request.trace else _task_context(request.task_id))
         name = f"agent {agent}"
         attributes: dict[str, str | int] = {
             TASK_ID: request.task_id, STEP: request.step, AGENT: agent, EPOCH: request.epoch,
@@ -263,9 +267,10 @@ _UNTRACED = _Untraced()
 
 
 @functools.lru_cache(maxsize=4096)  # a task's attempts follow one another: 6 µs each saved
-def _task_context(task_id: str, sampled: Callable[[int], bool]) -> Context:
+def _task_context(task_id: str) -> Context:
     """A context whose current span is the task's own (remote: no process records it),
-    so that a span started in it is in the task's trace, sampled as `sampled` says."""
+    so that a span started in it is in the task's trace. Asked only for a task the
+    sampler keeps (`Tracing.kept`)."""
     from opentelemetry.trace import (
         NonRecordingSpan,
         SpanContext,
@@ -274,12 +279,10 @@ def _task_context(task_id: str, sampled: Callable[[int], bool]) -> Context:
     )
 
     trace_id, span_id = _ids(task_id)
-    # flagged as the sampler would decide for a root span of this trace: a ParentBased
-    # sampler (the default) then follows it for every span of the task, in any process,
-    # and one that decides by trace id (TraceIdRatioBased) decides the same anyway
-    flags = TraceFlags(TraceFlags.SAMPLED if sampled(trace_id) else TraceFlags.DEFAULT)
+    # flagged sampled, as the sampler decided for a root span of this trace: a
+    # ParentBased sampler (the default) then keeps every span of the task, in any process
     return set_span_in_context(NonRecordingSpan(SpanContext(
-        trace_id, span_id, is_remote=True, trace_flags=flags)))
+        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
 
 
 def _failed(span: Span, error: BaseException) -> None:
