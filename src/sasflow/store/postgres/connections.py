@@ -86,7 +86,9 @@ def has_jit(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> boo
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Every pooled connection's session settings (queries.sql session_setup)."""
+    """Every pooled connection's session settings (queries.sql session_bounds and
+    session_setup)."""
+    await conn.execute(_Q["session_bounds"])
     if has_jit(conn):
         await conn.execute(_Q["session_setup"])
 

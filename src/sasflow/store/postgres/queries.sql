@@ -17,6 +17,15 @@
 -- (the supervisor's sweep did, under load): never worth it here.
 SET jit = off
 
+-- name: session_bounds
+-- A process stopped or hung inside one of the store's transactions (SIGSTOP, a
+-- frozen VM) would hold its row locks for as long as it stays stopped: the lease row
+-- of a frozen leader alone keeps every standby from taking over. The store's
+-- transactions never wait on their client between statements for more than a moment,
+-- so the server ends a session that does after 10 s, and its locks go with it; the
+-- process, once resumed, finds its connection gone and its writes fenced.
+SET idle_in_transaction_session_timeout = '10s'
+
 -- name: db_clock
 SELECT extract(epoch FROM clock_timestamp())::double precision AS now
 
