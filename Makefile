@@ -31,13 +31,10 @@ $(BIN)/sasflow: pyproject.toml
 demo: $(BIN)/sasflow
 	$(BIN)/sasflow demo
 
-# the test files spread over three processes (most tests wait on processes and servers,
-# not on the CPU), each file's tests in one; then the tests that must run on their own
 test: $(BIN)/sasflow
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n 3 --dist loadfile -m "not serial" --durations=20
-	$(BIN)/pytest -q -m serial
+	$(BIN)/pytest -q --durations=20
 
 test-unit test-sim test-contract test-acceptance test-chaos test-scenario test-web: $(BIN)/sasflow
 	$(BIN)/pytest -q tests/$(@:test-%=%)

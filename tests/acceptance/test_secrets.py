@@ -235,7 +235,7 @@ def test_the_broker_clients_reconnect_warnings_show_no_secret(
     f"postgresql://u@h/db?password={SECRET}&bogus=1",
     f"mysql://u:{SECRET}@h/db",
     f"sqlite://u:{SECRET}@h/db",
-], ids=lambda url: url.replace(SECRET, "SECRET"))  # the same in every process (xdist)
+], ids=lambda url: url.replace(SECRET, "SECRET"))  # the same ids in every run
 def test_store_errors_from_the_python_api_show_no_secret(url: str) -> None:
     """open_store / App refuse a bad store URL without showing its secret."""
     with pytest.raises(SasflowError) as refused:

@@ -17,10 +17,6 @@ from webshop import make_shop
 from sasflow.web.app import create_app
 from support.web import AS_OPERATOR, AS_VIEWER, USERS, serving
 
-# schemathesis makes one item per operation under one node id, which pytest-xdist cannot
-# tell apart: `make test` runs this module in its own process after the others
-pytestmark = pytest.mark.serial
-
 # the document alone, from an app that never opens its store
 schema = schemathesis.openapi.from_dict(create_app(make_shop("memory://"), USERS).openapi())
 _FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None,
