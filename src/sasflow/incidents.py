@@ -12,7 +12,10 @@ mismatch is ONE incident, whatever the number of tasks it holds:
   no live process serves.
 
 An incident is raised as one alert (no task id) once it has been seen by two
-censuses in a row, so a worker that is still starting does not raise one. It is
+censuses in a row spanning at least `grace` seconds: a worker that is still
+starting, or the replacement of one that died, has that long to beat before its
+absence counts (the worker passes its heartbeat lease: no worker is judged absent
+sooner than a silent one is judged gone). It is
 raised again only if the tasks it holds have doubled since, or after
 `realert_after` seconds; its alert is resolved once it is gone. The open alerts
 live in the store, so a new leader carries on from them instead of raising again.
@@ -88,15 +91,17 @@ class IncidentWatch:
 
     def __init__(self, store: SupervisorStore, plans: Mapping[str, Plan], *, every: float,
                  instance_ttl: float, realert_after: float,
-                 on_alert: Callable[[Alert], None]) -> None:
+                 on_alert: Callable[[Alert], None], grace: float = 0.0) -> None:
         self.store = store
         self.plans = plans
         self.every = every
         self.instance_ttl = instance_ttl
         self.realert_after = realert_after
         self.on_alert = on_alert
+        self.grace = grace
         self._due = float("-inf")
-        self._seen: set[str] = set()  # the incidents of the last census
+        # the incidents of the last census, each with when censuses began to see it
+        self._since: dict[str, float] = {}
 
     async def maybe_check(self) -> None:
         """Take a census if one is due."""
@@ -112,12 +117,14 @@ class IncidentWatch:
         live = [i for i in await self.store.instances()
                 if i.stopped_at is None and now - i.beat_at <= self.instance_ttl]
         found = find_incidents(await self.store.census(), live, self.plans)
-        seen, self._seen = self._seen, set(found)
+        seen = self._since
+        self._since = {key: seen.get(key, now) for key in found}
         open_alerts = {a.incident: a for a in await self.store.incidents()}
         raised = [Alert(id=0, task_id=None, at=now, message=i.message, agent=i.agent,
                         incident=i.key, count=i.count)
                   for key, i in found.items()
-                  if key in seen and self._worth_raising(open_alerts.get(key), i, now)]
+                  if key in seen and now - seen[key] >= self.grace
+                  and self._worth_raising(open_alerts.get(key), i, now)]
         resolved = [key for key in open_alerts if key is not None and key not in found]
         await self.store.report_incidents(raised, resolved)
         for alert in raised:

@@ -65,12 +65,14 @@ class Supervisor:
                  on_applied: Callable[[Transition], None] = lambda t: None,
                  on_alert: Callable[[Alert], None] = lambda a: None,
                  census_interval: float | None = None, instance_ttl: float = 30.0,
-                 realert_after: float = 3600.0, forget_instances_after: float = 86400.0
-                 ) -> None:
+                 realert_after: float = 3600.0, forget_instances_after: float = 86400.0,
+                 incident_grace: float = 0.0) -> None:
         """`census_interval` (default 10 intervals): how often the leader compares what
         unfinished tasks need with what live instances declare; `instance_ttl`: how
         old a heartbeat may be for its instance to count as live; `realert_after`: when
-        an incident still there is raised again (R4, incidents.py);
+        an incident still there is raised again (R4, incidents.py); `incident_grace`:
+        how long an incident must last before it is raised (besides two censuses), so
+        that a worker still starting is not reported absent;
         `forget_instances_after`: how long after its last beat the row of an instance
         that holds nothing is deleted (once an hour, by the leader)."""
         if interval <= 0:
@@ -88,7 +90,7 @@ class Supervisor:
         self.incidents = IncidentWatch(
             store, plans, every=census_interval if census_interval is not None
             else 10 * interval, instance_ttl=instance_ttl, realert_after=realert_after,
-            on_alert=on_alert)
+            on_alert=on_alert, grace=incident_grace)
 
     @property
     def lease_ttl(self) -> float:

@@ -192,7 +192,10 @@ class Worker:
                                    metrics=self.metrics) if "agent" in self.roles else None
         self.supervisor = Supervisor(store, plans, instance_id=instance_id,
                                      interval=settings.supervisor_interval,
-                                     on_applied=supervised, on_alert=on_alert
+                                     on_applied=supervised, on_alert=on_alert,
+                                     # a starting worker is not absent before a silent
+                                     # one would be gone (incidents.py)
+                                     incident_grace=settings.lease
                                      ) if "supervisor" in self.roles else None
         # alerts go to the webhooks from the supervisors' leader: one process at a time
         supervisor, webhooks = self.supervisor, settings.webhooks

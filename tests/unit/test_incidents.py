@@ -112,3 +112,30 @@ async def test_without_heartbeats_the_own_declarations_stand_for_what_runs(
     await incidents.check()
     assert [a.incident for a in await incidents.check()] == [
         f"workflow:order-old@{renamed.version}"]
+
+
+async def test_a_worker_starting_within_the_grace_raises_nothing(store: SQLiteStore) -> None:
+    """With a grace, a supervisor that starts before the workers does not report them
+    absent while they start; an absence that outlasts the grace is raised at once after
+    it, and one that went away and came back waits out a whole grace again."""
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    await store.beat(worker("w-sup", agents=[], roles=["supervisor"]))
+    await submit(store, "a")
+    incidents = IncidentWatch(store, PLANS, every=1.0, instance_ttl=30.0,
+                              realert_after=3600.0, on_alert=lambda a: None, grace=10.0)
+    for _ in range(5):  # many censuses, all within the grace
+        assert await incidents.check() == []
+        clock.now += 2
+    await store.beat(worker("w-1", agents=["inventory", "payments"]))  # started in time
+    assert await incidents.check() == []
+    clock.now += 31  # w-1 silent past the instance ttl: absent again, from now
+    await store.beat(worker("w-sup", agents=[], roles=["supervisor"]))
+    assert await incidents.check() == []
+    clock.now += 9.5
+    assert await incidents.check() == []  # the grace restarted when it came back
+    clock.now += 0.5
+    [alert] = await incidents.check()
+    assert alert.incident == f"workflow:order@{ORDER.version}"
+    [stored] = await store.alerts()  # the only one, in all that time
+    assert (stored.incident, stored.at) == (alert.incident, clock.now)
