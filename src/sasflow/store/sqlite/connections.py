@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from sasflow.errors import StoreError
+from sasflow.model import Phase, StepState, TaskState
 
 __all__ = ["Checkpointer", "bind", "connect", "create_private", "store_error"]
 
@@ -32,6 +33,34 @@ def create_private(path: str) -> None:
         pass
     except OSError as error:
         raise StoreError(f"cannot create SQLite store {path}: {error.strerror}") from error
+
+
+def _bind_as_they_are() -> None:
+    """Let NULLs, BLOBs and the model's states reach SQLite without the sqlite3
+    module's adaptation search.
+
+    Before binding a parameter that is not exactly an int, float or str, the module
+    looks for an adapter: a miss in its registry, then ``__adapt__`` on its
+    protocol class and ``__conform__`` on the value. On Python 3.11 the first of
+    these formats an AttributeError and throws it away, about 1.2 µs each time,
+    and a step binds some forty such values (its task's, steps' and history's
+    None columns and states): 8% of the instructions of a step in
+    `bench/observability.py` (docs/benchmarks.md). An adapter in the registry ends
+    the search at its first look. These hand on what the miss would have bound:
+    None as None (``{}.get`` answers None for it), bytes as themselves, a bool as
+    1 or 0, and a state (a StrEnum) as its plain text. One the application registered for a
+    type is left in place.
+    """
+    unchanged: dict[type, Callable[[Any], Any]] = {type(None): {}.get, bytes: bytes,
+                                                   bool: int}
+    for state in (TaskState, StepState, Phase):
+        unchanged[state] = str.__str__
+    for kind, adapter in unchanged.items():
+        if (kind, sqlite3.PrepareProtocol) not in sqlite3.adapters:
+            sqlite3.register_adapter(kind, adapter)
+
+
+_bind_as_they_are()
 
 
 def connect(path: str, synchronous: str) -> sqlite3.Connection:
