@@ -35,6 +35,7 @@ from sasflow.model import Task, TaskState, idempotency_key
 from sasflow.operations import Migration, Operations
 from sasflow.own_connection import OwnConnection
 from sasflow.plan import Plan
+from sasflow.scheduler import Scheduler
 from sasflow.signals import InProcessSignals
 from sasflow.status_stream import Listening, statuses
 from sasflow.store.interfaces import Store
@@ -143,14 +144,66 @@ class Client(Operations):
         """Submit a task; idempotent on task_id. With `connection` (a DB-API connection to
         the store's database) it joins the caller's transaction (E1)."""
         new = self._new_task(workflow, input, task_id=task_id, reply_to=reply_to)
-        if connection is None:
-            # a blocking caller (`submit`) may have the id as soon as the task is
-            # stored: the store's writer gives it, the schedulers are woken after
-            answer_early(new.task_id)
-        await self._store.submit(new, connection=connection)
-        if connection is None:
+        if connection is not None:
+            await self._store.submit(new, connection=connection)
+            return new.task_id
+        # a blocking caller (`submit`) may have the id as soon as the task is stored:
+        # the store's writer gives it, the schedulers are told after
+        answer_early(new.task_id)
+        claimer = self._signals.claimer(new.workflow, new.version)
+        if claimer is None:
+            await self._store.submit(new)
             self._signals.wake_schedulers()
+            return new.task_id
+        # a scheduler of this process has a slot: the task is claimed for it in the
+        # submission's own transaction and driven at once (no claim, no wake-up)
+        loop, scheduler, rule = claimer
+        writing = asyncio.ensure_future(
+            self._store.submit_claimed(new, scheduler.instance_id, rule))
+        # a caller cancelled while the write is on its way still hands its task over
+        writing.add_done_callback(lambda done: self._hand_over(done, loop, scheduler))
+        await asyncio.shield(writing)
         return new.task_id
+
+    def _submit_on(self, own: OwnConnection, new: NewTask) -> bool:
+        """Write `new` on the blocking submit's own connection, claimed for a scheduler of
+        this process with a slot free if there is one (handed to it on its loop); False
+        if the connection failed (nothing written)."""
+        claimer = self._signals.claimer(new.workflow, new.version)
+        if claimer is None:
+            if own.submit(new) is None:
+                return False
+            self._signals.wake_schedulers()
+            return True
+        loop, scheduler, rule = claimer
+        try:
+            claimed = own.submit_claimed(new, scheduler.instance_id, rule)
+        except BaseException:
+            scheduler.unpromise()
+            raise
+        if not claimed:  # existed (nothing written), or the connection failed
+            scheduler.unpromise()
+            self._signals.wake_schedulers()
+            return claimed is False
+        with contextlib.suppress(RuntimeError):  # (see _hand_over)
+            loop.call_soon_threadsafe(scheduler.adopt, claimed)
+        return True
+
+    def _hand_over(self, written: asyncio.Future[Task | None], loop: asyncio.AbstractEventLoop,
+                   scheduler: Scheduler) -> None:
+        """Give the task claimed with its submission to the scheduler it was claimed for,
+        on its loop; or give the slot back if nothing was claimed."""
+        claimed = None if written.cancelled() or written.exception() else written.result()
+        if claimed is None:  # it existed (nothing was written), or the write failed
+            scheduler.unpromise()
+            self._signals.wake_schedulers()
+        elif loop is asyncio.get_running_loop():
+            scheduler.adopt(claimed)
+        else:
+            # (its loop closed meanwhile: the task, locked to a stopped scheduler, is
+            # released by a supervisor at its complete-by, as after a crash)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(scheduler.adopt, claimed)
 
     def submit(self, workflow: str, input: Any = None, *, task_id: str | None = None,
                reply_to: str | None = None, connection: Any = None) -> str:
@@ -159,8 +212,7 @@ class Client(Operations):
             own = self._own_connection()
             if own is not None:  # PostgreSQL: in this thread, not behind the roles' loop
                 new = self._new_task(workflow, input, task_id=task_id, reply_to=reply_to)
-                if own.submit(self._store, new) is not None:
-                    self._signals.wake_schedulers()
+                if self._submit_on(own, new):
                     return new.task_id
                 task_id = new.task_id  # (not written: the same task, through the loop)
             return self._loop.call(self.asubmit(workflow, input, task_id=task_id,

@@ -16,10 +16,14 @@ new connection can be made.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, TypeVar, cast
 
-from sasflow.store.interfaces import ClientStore
+from sasflow.model import Task
+from sasflow.store.interfaces import ClaimRule, ClientStore
 from sasflow.store.records import NewTask
+
+T = TypeVar("T")
 
 __all__ = ["APPLICATION_NAME", "OwnConnection"]
 
@@ -27,11 +31,23 @@ __all__ = ["APPLICATION_NAME", "OwnConnection"]
 APPLICATION_NAME = "sasflow-submit"
 
 
+class _Joinable(Protocol):
+    """A store whose submissions can join a caller's connection (PostgreSQL's)."""
+
+    conninfo: str
+
+    def submit_in(self, connection: Any, task: NewTask) -> bool: ...
+
+    def submit_claimed_in(self, connection: Any, task: NewTask, owner: str, rule: ClaimRule
+                          ) -> Task | None: ...
+
+
 class OwnConnection:
     """One autocommit connection to the store's database, for blocking submissions."""
 
-    def __init__(self, conninfo: str) -> None:
-        self._conninfo = conninfo
+    def __init__(self, store: _Joinable) -> None:
+        self._store = store
+        self._conninfo = store.conninfo
         self._conn: Any = None
         self._lock = threading.Lock()
 
@@ -39,11 +55,22 @@ class OwnConnection:
     def of(cls, store: ClientStore) -> OwnConnection | None:
         """One for `store` if it is a PostgreSQL store (it has a libpq `conninfo`)."""
         conninfo = getattr(store, "conninfo", None)
-        return cls(conninfo) if isinstance(conninfo, str) else None
+        return cls(cast(_Joinable, store)) if isinstance(conninfo, str) else None
 
-    def submit(self, store: ClientStore, task: NewTask) -> bool | None:
-        """`store.submit_in` on this connection: whether the task was created, or None
-        if the connection failed (nothing was written: submit through the loop)."""
+    def submit(self, task: NewTask) -> bool | None:
+        """`submit_in` on this connection: whether the task was created, or None if the
+        connection failed (nothing was written: submit through the loop)."""
+        return self._run(lambda conn: self._store.submit_in(conn, task))
+
+    def submit_claimed(self, task: NewTask, owner: str, rule: ClaimRule
+                       ) -> Task | Literal[False] | None:
+        """The task written as claimed for `owner` (a scheduler of this process) by
+        `rule`, in one statement on this connection: the task as claimed, False if it
+        existed (nothing written), or None if the connection failed."""
+        return self._run(
+            lambda conn: self._store.submit_claimed_in(conn, task, owner, rule) or False)
+
+    def _run(self, write: Callable[[Any], T]) -> T | None:
         import psycopg  # only a PostgreSQL store has a conninfo
 
         with self._lock:
@@ -54,7 +81,7 @@ class OwnConnection:
                     name = given.get("application_name", APPLICATION_NAME)
                     self._conn = psycopg.connect(self._conninfo, autocommit=True,
                                                  connect_timeout=5, application_name=name)
-                return store.submit_in(self._conn, task)
+                return write(self._conn)
             except psycopg.OperationalError:
                 self._close()
                 return None

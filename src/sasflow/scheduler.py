@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 
 from sasflow import tracing
@@ -24,7 +25,7 @@ from sasflow.messages import Reply, Request, decode_reply, encode_within
 from sasflow.model import Phase, Task, TaskState
 from sasflow.outage import Repeats
 from sasflow.plan import Plan
-from sasflow.store.interfaces import Store
+from sasflow.store.interfaces import ClaimRule, Store
 from sasflow.testing import failpoints
 from sasflow.transition import Transition, applied
 from sasflow.transport.base import Transport, agent_queue, reply_queue
@@ -60,6 +61,10 @@ class Scheduler:
         self._held: dict[str, Task] = {}  # the tasks this instance drives, by id
         self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply | None]]] = {}
         self._drivers: set[asyncio.Task[None]] = set()
+        self._promised = 0  # slots promised to submissions that claim for this instance
+        self._promising = threading.Lock()  # submitters ask from any thread
+        self._running = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._short_of_slots = False  # the last claim may have left work for want of slots
         # a lost broker fails every driver at once: one line per cause, not a traceback each
@@ -82,13 +87,64 @@ class Scheduler:
     def in_flight(self) -> int:
         return len(self._drivers)
 
+    # ------------------------------------------------ tasks claimed as they are submitted
+    def promise(self, workflow: str, version: str) -> ClaimRule | None:
+        """A slot for a task this process submits and claims for this instance in the
+        submission's own transaction (Store.submit_claimed), and the rule to claim it
+        by; None if this instance does not run that version or has no slot free. Any
+        thread may ask; the submitter then calls `adopt` (on this scheduler's loop) or
+        `unpromise`."""
+        plan = self.plans.get(workflow)
+        if not self._running or plan is None or plan.version != version:
+            return None
+        with self._promising:
+            if len(self._drivers) + self._promised >= self.concurrency:
+                return None
+            self._promised += 1
+        return plan
+
+    def unpromise(self) -> None:
+        """The promised slot is not needed (the task existed, or its write failed): any
+        thread."""
+        with self._promising:
+            self._promised -= 1
+        loop = self._loop
+        if self._short_of_slots and loop is not None:  # the claim loop may wait for it
+            with contextlib.suppress(RuntimeError):  # (its loop is closed: it stopped)
+                loop.call_soon_threadsafe(self._wake.set)
+
+    def adopt(self, task: Task) -> None:
+        """Drive `task`, claimed for this instance with its submission, in the promised
+        slot (on this scheduler's loop). Stopped meanwhile, it hands the task back at
+        once, as a stop does."""
+        with self._promising:
+            self._promised -= 1
+        if self._running:
+            self._start(task)
+            return
+        release = self.plans[task.workflow].release(task, self.instance_id, self.store.now())
+        handing_back = asyncio.ensure_future(self.store.apply(release))
+        # (if that fails too, the supervisor releases the task at its complete-by)
+        handing_back.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    def _start(self, task: Task) -> None:
+        # held from now on, not from when its driver first runs: a shutdown in between
+        # still hands it back
+        self._held[task.task_id] = task
+        driver = asyncio.create_task(self._drive(task))
+        self._drivers.add(driver)
+        driver.add_done_callback(self._driver_done)
+
     async def run(self) -> None:
         consumer = asyncio.create_task(self.transport.consume(
             self.reply_queue, self._on_reply, prefetch=max(64, self.concurrency)))
         watcher = asyncio.create_task(self.store.watch(self.wake_at))
+        self._loop = asyncio.get_running_loop()
+        self._running = True
         try:
             await self._claim_loop(watcher)
         finally:
+            self._running = False
             consumer.cancel()
             watcher.cancel()
             for driver in list(self._drivers):
@@ -114,7 +170,7 @@ class Scheduler:
         while True:
             # cleared before looking, so a wake-up that comes while we look is kept
             self._wake.clear()
-            free = self.concurrency - len(self._drivers)
+            free = self.concurrency - len(self._drivers) - self._promised
             self._short_of_slots = free <= 0
             if free > 0:
                 try:
@@ -128,12 +184,7 @@ class Scheduler:
                     await asyncio.sleep(_IDLE_POLL_MAX)
                     continue
                 for task in claimed:
-                    # held from now on, not from when its driver first runs: a
-                    # shutdown in between still hands it back
-                    self._held[task.task_id] = task
-                    driver = asyncio.create_task(self._drive(task))
-                    self._drivers.add(driver)
-                    driver.add_done_callback(self._driver_done)
+                    self._start(task)
                 if claimed:
                     if watcher.done():
                         # nothing tells of new work: look again soon. When the store

@@ -1,5 +1,6 @@
 """Signals between an application's client and the workers running in its own
-process: a submission wakes the schedulers, a terminal state wakes the waiters,
+process: a submission is claimed with its write by a scheduler on the same loop
+that has a slot free, or else wakes the schedulers; a terminal state wakes the waiters,
 an alert reaches the `on_alert` callbacks. Across processes the store carries
 what it can (`Store.watch` for schedulers, `Store.on_finished` for waiters: the
 SQLite store's wake channel); polling the store is the safety net."""
@@ -13,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 from sasflow.model import claimable, terminal
 from sasflow.scheduler import Scheduler
-from sasflow.store.interfaces import Store
+from sasflow.store.interfaces import ClaimRule, Store
 from sasflow.store.records import Alert
 from sasflow.transition import Transition
 
@@ -42,6 +43,23 @@ class InProcessSignals:
         finally:
             with self._lock:
                 self._schedulers.remove(entry)
+
+    def claimer(self, workflow: str, version: str
+                ) -> tuple[asyncio.AbstractEventLoop, Scheduler, ClaimRule] | None:
+        """A scheduler of this process that promises a slot to a task of `workflow` at
+        `version`, claimed with its submission: its loop, itself and its rule; one on
+        the running loop (if any) first. None if none has a slot."""
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # a blocking caller's thread
+            running = None
+        with self._lock:
+            schedulers = sorted(self._schedulers, key=lambda entry: entry[0] is not running)
+        for loop, scheduler in schedulers:
+            rule = scheduler.promise(workflow, version)
+            if rule is not None:
+                return loop, scheduler, rule
+        return None
 
     def wake_schedulers(self) -> None:
         with self._lock:

@@ -111,6 +111,39 @@ async def test_claim_locks_starts_the_step_and_bumps_the_epoch(store: Store,
     assert await store.claim("s2", 10, PLANS) == []  # locked: nobody else gets it
 
 
+async def test_a_task_claimed_with_its_submission_is_stored_as_a_claim_leaves_it(
+        store: Store, clock: Clock) -> None:
+    """submit_claimed: the task is written and claimed in one transaction, exactly as a
+    submission then a claim leave it (history included), and no other claim finds it."""
+    claimed = await store.submit_claimed(new_task("order-1"), "s1", PLANS["order"])
+    assert claimed is not None
+    stored = await fresh(store, "order-1")
+    assert (stored.state, stored.locked_by, stored.complete_by, stored.epoch) == (
+        T.PROCESSING, "s1", clock.now + 5.0, 1)
+    assert (stored.steps[0].state, stored.steps[0].attempts) == (S.RUNNING, 1)
+    assert_stored_as_planned(stored, claimed)
+    await submitted(store, "order-2")  # the same, the usual way, for comparison
+    await claim_one(store, "s1")
+    both = [[(h.actor, h.epoch, h.step, h.from_state, h.to_state, h.why)
+             for h in await store.history(task_id)] for task_id in ("order-1", "order-2")]
+    assert both[0] == both[1] and len(both[0]) >= 2
+    assert await store.claim("s2", 10, PLANS) == []  # locked: nobody else gets it
+
+
+async def test_a_task_that_exists_is_neither_written_nor_claimed_again(
+        store: Store) -> None:
+    """submit_claimed of an existing id writes nothing, claims nothing and says None; one
+    that differs is refused as submit refuses it."""
+    await submitted(store, "order-1")
+    assert await store.submit_claimed(new_task("order-1"), "s1", PLANS["order"]) is None
+    task = await fresh(store, "order-1")
+    assert (task.state, task.locked_by, task.epoch) == (T.PENDING, None, 0)
+    assert len(await store.history("order-1")) == 1
+    with pytest.raises(TaskConflictError):
+        await store.submit_claimed(new_task("order-1", input={"n": 2}), "s1", PLANS["order"])
+    assert (await fresh(store, "order-1")).epoch == 0
+
+
 async def test_claim_respects_limit_and_known_workflows(store: Store) -> None:
     """A scheduler takes at most `limit` tasks, and only of the workflows it knows."""
     await submitted(store, "a1", "a2", "a3")

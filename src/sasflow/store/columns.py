@@ -47,11 +47,11 @@ ALERT = {"task_id": "text", "step": "text", "agent": "text", "at": "float8",
          "message": "text"}
 
 
-# A new task's row as a submission writes it (the rest take their defaults);
-# last_write: the write's token (postgres/bulk.py)
-NEW_TASK = {name: TASK[name] for name in (
-    "task_id", "workflow", "input", "state", "available_at", "reply_to", "created_at",
-    "updated_at", "version")} | {"last_write": "bigint"}
+# A new task's row as a submission writes it (its error takes the default): pending,
+# or already claimed (Store.submit_claimed); last_write: the write's token
+# (postgres/bulk.py)
+NEW_TASK = {name: kind for name, kind in TASK.items() if name != "error"} | {
+    "last_write": "bigint"}
 
 # A transition as the fenced update of a task takes it (rows.task_values): the new
 # values, then the fence; wake, finished and token are PostgreSQL's (postgres/bulk.py)

@@ -86,6 +86,15 @@ class ClientStore(_Clock, _Applies, Protocol):
         the one blocking verb."""
         ...
 
+    async def submit_claimed(self, task: NewTask, owner: str, rule: ClaimRule) -> Task | None:
+        """Create the task and, in the same transaction, claim it for `owner` by `rule`:
+        the task as claimed, or None if it existed already (nothing is written then,
+        no claim either; one that differs raises TaskConflictError, as `submit` does).
+
+        What a submitting process whose own scheduler has a free slot uses: one commit
+        where a submission and a claim take two, and no scheduler looks for the task."""
+        ...
+
     async def get(self, task_id: str) -> Task | None: ...
 
     async def list_tasks(self, query: TaskQuery) -> list[Task]:

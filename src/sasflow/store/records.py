@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import msgspec
 
+from sasflow.model import StepRecord, StepState, Task, TaskState
 from sasflow.workflow import workflow_version
 
 __all__ = ["Alert", "AlertDelivery", "Census", "DeliveryRecord", "HistoryEntry", "Instance",
-           "NewTask", "OutboxMessage"]
+           "NewTask", "OutboxMessage", "submitted"]
 
 
 class NewTask(msgspec.Struct, kw_only=True):
@@ -23,6 +24,16 @@ class NewTask(msgspec.Struct, kw_only=True):
     def __post_init__(self) -> None:
         if not self.version:
             self.version = workflow_version(self.workflow, [(n, a) for n, a, _ in self.steps])
+
+
+def submitted(task: NewTask, now: float) -> Task:
+    """The task as its submission at `now` stores it: pending, unlocked, epoch 0 (E2)."""
+    return Task(task_id=task.task_id, workflow=task.workflow,
+                input=msgspec.json.decode(task.input_json), state=TaskState.PENDING,
+                available_at=now, reply_to=task.reply_to, created_at=now, updated_at=now,
+                version=task.version,
+                steps=[StepRecord(name=name, agent=agent, state=StepState.PENDING,
+                                  idempotency_key=key) for name, agent, key in task.steps])
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):

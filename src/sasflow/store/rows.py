@@ -33,14 +33,14 @@ from sasflow.model import (
     can_move,
 )
 from sasflow.store import columns
-from sasflow.store.records import Alert, Instance, NewTask
+from sasflow.store.records import Alert, Instance, NewTask, submitted
 from sasflow.transition import Transition, UnitChange, applied
 from sasflow.transport.dead_letter import DeadLetter
 from sasflow.workflow import workflow_version
 
 __all__ = ["Row", "Table", "alert_from_row", "attach_steps", "check_legal",
-           "claim_transition", "implied_rows", "incident_params", "instance_from_row",
-           "instance_params", "letter_from_row", "letter_params", "status_row",
+           "claim_transition", "claimed_at_submission", "implied_rows", "incident_params",
+           "instance_from_row", "instance_params", "letter_from_row", "letter_params", "status_row",
            "submission_rows", "task_from_row", "task_values", "unit_row", "versions_of"]
 
 # The table an implied row goes to ("drop": the step rows past a shorter shape's end)
@@ -168,6 +168,17 @@ def claim_transition(rule: _Rule, task: Task, owner: str, now: float
     return transition, applied(task, transition)
 
 
+def claimed_at_submission(rule: _Rule, task: NewTask, owner: str, now: float
+                          ) -> tuple[Transition, Task]:
+    """The rule's claim of `task` as its submission at `now` stores it, and the task once
+    claimed; StoreError if the rule refuses it (one of another version than the task's)."""
+    planned = claim_transition(rule, submitted(task, now), owner, now)
+    if planned is None:
+        raise StoreError(f"task {task.task_id} cannot be claimed as it is submitted",
+                         task_id=task.task_id)
+    return planned
+
+
 def check_legal(t: Transition) -> None:
     """Refuse a transition the state machine does not allow, before anything is written."""
     if not can_move(t.from_state, t.state) and t.from_state is not t.state:
@@ -226,19 +237,34 @@ _NEW_UNIT = unit_row("", UnitChange(index=0, phase=Phase.DO, name="", agent="",
                                     idempotency_key="", state=StepState.PENDING), 0.0)
 
 
-def submission_rows(task: NewTask, now: float) -> tuple[Row, list[tuple[Table, Row]]]:
-    """A new task's row (pending, unlocked, 0 failures; E2) and the rows it implies."""
+def submission_rows(task: NewTask, now: float, claim: Transition | None = None
+                    ) -> tuple[Row, list[tuple[Table, Row]]]:
+    """A new task's row (pending, unlocked, 0 failures; E2) and the rows it implies; with
+    `claim` (planned from the task as submitted), the rows of the task once claimed too:
+    what a submission then that claim would leave, history included."""
     row = {"task_id": task.task_id, "workflow": task.workflow,
            "input": task.input_json.decode(), "state": TaskState.PENDING.value,
-           "available_at": now, "reply_to": task.reply_to, "created_at": now,
-           "updated_at": now, "version": task.version}
+           "phase": Phase.DO.value, "cursor": 0, "locked_by": None, "complete_by": None,
+           "available_at": now, "failure_count": 0, "epoch": 0, "reply_to": task.reply_to,
+           "created_at": now, "updated_at": now, "version": task.version}
+    steps = {(Phase.DO.value, i): {**_NEW_UNIT, "task_id": task.task_id, "idx": i,
+                                   "name": name, "agent": agent, "idempotency_key": key,
+                                   "updated_at": now}
+             for i, (name, agent, key) in enumerate(task.steps)}
     implied: list[tuple[Table, Row]] = [
-        ("steps", {**_NEW_UNIT, "task_id": task.task_id, "idx": i, "name": name,
-                   "agent": agent, "idempotency_key": key, "updated_at": now})
-        for i, (name, agent, key) in enumerate(task.steps)]
-    implied.append(("history", _history(task.task_id, now, "submit", 0, None,
-                                        TaskState.PENDING.value, "submitted")))
+        ("history", _history(task.task_id, now, "submit", 0, None,
+                             TaskState.PENDING.value, "submitted"))]
     if task.reply_to:
         implied.append(("outbox", status_row(task.reply_to, task.task_id, "received",
                                               TaskState.PENDING, None, now)))
-    return row, implied
+    if claim is not None:
+        values = task_values(claim, now)
+        row.update({name: values[name] for name in (
+            "state", "phase", "cursor", "locked_by", "complete_by", "available_at",
+            "failure_count")}, epoch=claim.new_epoch)
+        for table, claimed in implied_rows(claim, now):
+            if table == "steps":  # the unit the claim starts, as it leaves it
+                steps[(claimed["phase"], claimed["idx"])] = claimed
+            else:
+                implied.append((table, claimed))
+    return row, [*(("steps", unit) for unit in steps.values()), *implied]

@@ -78,6 +78,10 @@ class SQLStore(abc.ABC):
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool: ...
 
     @abc.abstractmethod
+    async def submit_claimed(self, task: NewTask, owner: str, rule: ClaimRule
+                             ) -> Task | None: ...
+
+    @abc.abstractmethod
     def submit_in(self, connection: Any, task: NewTask) -> bool: ...
 
     @abc.abstractmethod

@@ -32,8 +32,6 @@ import msgspec
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
 from sasflow.messages import encode
 from sasflow.model import (
-    StepRecord,
-    StepState,
     Task,
     TaskState,
     claimable,
@@ -44,8 +42,14 @@ from sasflow.store.listing import TaskQuery
 from sasflow.store.memory.data import Stored, named
 from sasflow.store.memory.deliveries import Deliveries
 from sasflow.store.memory.tables import Tables
-from sasflow.store.records import Alert, HistoryEntry, NewTask
-from sasflow.store.rows import check_legal, claim_transition, implied_rows, status_row
+from sasflow.store.records import Alert, HistoryEntry, NewTask, submitted
+from sasflow.store.rows import (
+    check_legal,
+    claim_transition,
+    claimed_at_submission,
+    implied_rows,
+    status_row,
+)
 from sasflow.transition import Transition, applied
 
 __all__ = ["MemoryStore"]
@@ -89,6 +93,18 @@ class MemoryStore(Tables, Deliveries):
             self._tell_watchers(self.now())
         return created
 
+    async def submit_claimed(self, task: NewTask, owner: str, rule: ClaimRule
+                             ) -> Task | None:
+        with self._data.lock:
+            if not self._insert(task):
+                return None
+            now = self.now()
+            claim, _ = claimed_at_submission(rule, task, owner, now)
+            if not self._apply(claim, now):
+                raise StoreError(f"task {task.task_id}: its claim did not apply to it as"
+                                 " submitted", task_id=task.task_id)
+            return self._copy(task.task_id)
+
     def submit_in(self, connection: Any, task: NewTask) -> bool:
         raise ConfigurationError("the memory store has no transaction to join: "
                                  "submit without a connection")
@@ -103,12 +119,7 @@ class MemoryStore(Tables, Deliveries):
                     f"task {task.task_id} exists with another workflow or input",
                     task_id=task.task_id)
             return False
-        data.tasks[task.task_id] = Stored(bytes(task.input_json), Task(
-            task_id=task.task_id, workflow=task.workflow, input=_decode(task.input_json),
-            state=TaskState.PENDING, available_at=now, reply_to=task.reply_to,
-            created_at=now, updated_at=now, version=task.version,
-            steps=[StepRecord(name=name, agent=agent, state=StepState.PENDING,
-                              idempotency_key=key) for name, agent, key in task.steps]))
+        data.tasks[task.task_id] = Stored(bytes(task.input_json), submitted(task, now))
         data.history.append(HistoryEntry(task_id=task.task_id, at=now, actor="submit", epoch=0,
                                          from_state=None, to_state=TaskState.PENDING.value,
                                          why="submitted"))

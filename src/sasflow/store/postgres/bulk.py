@@ -42,11 +42,23 @@ from sasflow.store.records import NewTask
 from sasflow.store.rows import Row, Table, implied_rows, submission_rows, task_values
 from sasflow.transition import Transition
 
-__all__ = ["Outcome", "Write", "insert_sync", "needs_transaction", "new_token", "notice_parts",
-           "write_batch",
-           "written"]
+__all__ = ["Claimed", "Outcome", "Write", "insert_sync", "needs_transaction", "new_token",
+           "notice_parts", "write_batch", "written"]
 
-Write = Transition | NewTask
+
+class Claimed(msgspec.Struct, frozen=True):
+    """A submission written as already claimed (Store.submit_claimed): its rows are
+    those of the task once `claim` applied (rows.submission_rows), in one statement."""
+
+    task: NewTask
+    claim: Transition
+
+    @property
+    def task_id(self) -> str:
+        return self.task.task_id
+
+
+Write = Transition | NewTask | Claimed
 Outcome = bool | Exception  # applied / created, or why a submission was refused
 
 _Q = queries.load("postgres", "pyformat")
@@ -83,7 +95,7 @@ class _Rows:
 def needs_transaction(batch: Sequence[Write]) -> bool:
     """Whether `batch` takes more than its one statement (which is a transaction by
     itself): when it mixes submissions and transitions, or drops step rows after."""
-    kinds = {type(write) for write in batch}
+    kinds = {NewTask if isinstance(write, Claimed) else type(write) for write in batch}
     return len(kinds) > 1 or any(
         write.steps_from is not None for write in batch if isinstance(write, Transition))
 
@@ -112,10 +124,12 @@ def _identity_outcome(task: NewTask, found: Mapping[str, Any]) -> Outcome:
     return False
 
 
-def _submissions(tasks: Sequence[NewTask], now: float, token: int) -> dict[str, str]:
+def _submissions(tasks: Sequence[NewTask | Claimed], now: float, token: int
+                 ) -> dict[str, str]:
     rows = _Rows()
-    for task in tasks:
-        row, implied = submission_rows(task, now)
+    for write in tasks:
+        row, implied = (submission_rows(write.task, now, write.claim)
+                        if isinstance(write, Claimed) else submission_rows(write, now))
         rows.add("tasks", {**row, "last_write": token})
         rows.add_implied(implied)
     return rows.params("tasks", "steps", "history", "outbox")
@@ -129,40 +143,23 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
     batch's task rows in task-id order, so two batches never deadlock.
     """
     outcomes: list[Outcome] = [False] * len(batch)
-    ended: list[str] = []  # tasks the transitions ended: waiting clients are told
     index = {write.task_id: i for i, write in enumerate(batch)}
     transitions = [t for t in batch if isinstance(t, Transition)]
-    submissions = [t for t in batch if isinstance(t, NewTask)]
+    submissions = [w for w in batch if isinstance(w, NewTask | Claimed)]
     drops = _Rows()  # what the transitions that applied drop, after
     async with conn.cursor(row_factory=dict_row) as cur:
-        if transitions:
-            rows = _Rows()
-            dropped: dict[str, list[Row]] = {}  # written after, if its transition applied
-            for t in transitions:
-                rows.add("transitions", _transition_row(t, now, token))
-                for table, row in implied_rows(t, now):
-                    if table == "drop":
-                        dropped.setdefault(t.task_id, []).append(row)
-                    else:
-                        rows.add(_PARAMETER[table], row)
-            await cur.execute(_Q["apply_transitions"], rows.params(
-                "transitions", "steps", "history", "outbox", "alerts"))
-            answer = await cur.fetchone()
-            assert answer is not None
-            applied = set(answer["written"] or ())
-            ended = answer["finished"] or []
-            for t in transitions:
-                if t.task_id in applied:
-                    outcomes[index[t.task_id]] = True
-                    for row in dropped.get(t.task_id, ()):
-                        drops.add("drops", row)
+        # tasks the transitions ended: waiting clients are told
+        applied, ended = await _apply(cur, transitions, now, token, drops)
+        for task_id in applied:
+            outcomes[index[task_id]] = True
         if submissions:
             await cur.execute(_Q["insert_tasks"], _submissions(submissions, now, token))
             created = await _answer(cur)
-            existing = [task for task in submissions if task.task_id not in created]
-            for task in submissions:
-                if task.task_id in created:
-                    outcomes[index[task.task_id]] = True
+            existing = [w.task if isinstance(w, Claimed) else w for w in submissions
+                        if w.task_id not in created]
+            for write in submissions:
+                if write.task_id in created:
+                    outcomes[index[write.task_id]] = True
             if existing:
                 await cur.execute(_Q["select_task_identities"],
                                   {"task_ids": [t.task_id for t in existing]})
@@ -174,6 +171,32 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
         for part in notice_parts(ended):  # (after the commit, unless the caller's
             await cur.execute(_Q["notify_finished"], {"ids": part})  # transaction holds it)
     return outcomes
+
+
+async def _apply(cur: psycopg.AsyncCursor[Row], transitions: Sequence[Transition], now: float,
+                 token: int, drops: _Rows) -> tuple[set[str], list[str]]:
+    """Apply `transitions` in one statement: the tasks they were applied to, and those
+    they ended; the step rows that applied ones drop are added to `drops`."""
+    if not transitions:
+        return set(), []
+    rows = _Rows()
+    dropped: dict[str, list[Row]] = {}  # written after, if its transition applied
+    for t in transitions:
+        rows.add("transitions", _transition_row(t, now, token))
+        for table, row in implied_rows(t, now):
+            if table == "drop":
+                dropped.setdefault(t.task_id, []).append(row)
+            else:
+                rows.add(_PARAMETER[table], row)
+    await cur.execute(_Q["apply_transitions"], rows.params(
+        "transitions", "steps", "history", "outbox", "alerts"))
+    answer = await cur.fetchone()
+    assert answer is not None
+    applied = set(answer["written"] or ())
+    for task_id in applied:
+        for row in dropped.get(task_id, ()):
+            drops.add("drops", row)
+    return applied, answer["finished"] or []
 
 
 def notice_parts(task_ids: Sequence[str]) -> list[str]:
@@ -208,11 +231,12 @@ async def written(conn: psycopg.AsyncConnection[Any], task_ids: Sequence[str],
     return {row["task_id"] for row in await cur.fetchall()}
 
 
-def insert_sync(conn: psycopg.Connection[Any], task: NewTask, now: float) -> bool:
+def insert_sync(conn: psycopg.Connection[Any], write: NewTask | Claimed, now: float) -> bool:
     """One submission, one statement: in the caller's transaction, or (autocommit)
     a transaction by itself. False if the task existed."""
+    task = write.task if isinstance(write, Claimed) else write
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(_Q["insert_tasks"], _submissions([task], now, new_token()))
+        cur.execute(_Q["insert_tasks"], _submissions([write], now, new_token()))
         row = cur.fetchone()
         assert row is not None
         if not row["written"]:

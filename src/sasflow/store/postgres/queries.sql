@@ -204,17 +204,18 @@ SELECT pg_notify('sasflow_finished', :ids)
 -- name: insert_tasks
 -- A batch of submissions in one statement (parameters: the tasks, their steps,
 -- history and outbox rows); the rows of a task that existed already are not
--- written; idle schedulers are told if any was created. Answers the ids of the
--- tasks created.
+-- written; idle schedulers are told if a pending one was created (not for one
+-- submitted already claimed). Answers the ids of the tasks created.
 WITH written AS (
     INSERT INTO tasks ({new_task_columns})
     {tasks_rows}
     ON CONFLICT (task_id) DO NOTHING
-    RETURNING task_id, available_at),
+    RETURNING task_id, available_at, locked_by),
 {write_implied}
 SELECT array_agg(task_id) AS written,
-       CASE WHEN count(*) > 0
-            THEN pg_notify('sasflow_work', min(available_at)::text)::text END AS notified
+       CASE WHEN count(*) FILTER (WHERE locked_by IS NULL) > 0
+            THEN pg_notify('sasflow_work', (min(available_at) FILTER (
+                WHERE locked_by IS NULL))::text)::text END AS notified
 FROM written
 
 -- name: drop_steps

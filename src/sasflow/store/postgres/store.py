@@ -43,6 +43,7 @@ from sasflow.store import columns, queries
 from sasflow.store.interfaces import ClaimRule
 from sasflow.store.postgres.backoff import Backoff
 from sasflow.store.postgres.bulk import (
+    Claimed,
     Outcome,
     Write,
     insert_sync,
@@ -56,7 +57,14 @@ from sasflow.store.postgres.connections import Connections, Lost
 from sasflow.store.postgres.reads import GuestReads, ReadBatch
 from sasflow.store.postgres.wake import FinishedListener, listen_for_work
 from sasflow.store.records import NewTask
-from sasflow.store.rows import Row, attach_steps, check_legal, claim_transition, task_from_row
+from sasflow.store.rows import (
+    Row,
+    attach_steps,
+    check_legal,
+    claim_transition,
+    claimed_at_submission,
+    task_from_row,
+)
 from sasflow.store.sql_store import SQLStore, Statement
 from sasflow.transition import Transition
 
@@ -232,6 +240,24 @@ class PostgresStore(SQLStore):
         if connection is not None:
             return self.submit_in(connection, task)
         return await self._group_commit(task)
+
+    async def submit_claimed(self, task: NewTask, owner: str, rule: ClaimRule
+                             ) -> Task | None:
+        now = self.now()
+        claim, claimed = claimed_at_submission(rule, task, owner, now)
+        if not await self._group_commit(Claimed(task, claim)):
+            return None
+        return claimed
+
+    def submit_claimed_in(self, connection: psycopg.Connection[Any], task: NewTask, owner: str,
+                          rule: ClaimRule) -> Task | None:
+        """`submit_claimed` with the caller's connection (the blocking submit's own), in
+        its transaction: one statement."""
+        if not self._db.schema_ready:
+            self._db.ensure_schema()
+        now = self.now()
+        claim, claimed = claimed_at_submission(rule, task, owner, now)
+        return claimed if insert_sync(connection, Claimed(task, claim), now) else None
 
     def submit_in(self, connection: Any, task: NewTask) -> bool:
         """Write the task with the caller's psycopg connection, in its transaction (E1).

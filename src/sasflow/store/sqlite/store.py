@@ -32,7 +32,13 @@ from sasflow.model import Task, claimable, terminal
 from sasflow.redact import redact
 from sasflow.store.interfaces import ClaimRule
 from sasflow.store.records import NewTask
-from sasflow.store.rows import Row, attach_steps, claim_transition, task_from_row
+from sasflow.store.rows import (
+    Row,
+    attach_steps,
+    claim_transition,
+    claimed_at_submission,
+    task_from_row,
+)
 from sasflow.store.sql_store import SQLStore, Statement
 from sasflow.store.sqlite import migrations, writes
 from sasflow.store.sqlite.connections import (
@@ -160,6 +166,20 @@ class SQLiteStore(SQLStore):
 
         return await self._writer.run(lambda conn: writes.insert(conn, task, self.now()),
                                       then=tell)
+
+    async def submit_claimed(self, task: NewTask, owner: str, rule: ClaimRule
+                             ) -> Task | None:
+        def job(conn: sqlite3.Connection) -> Task | None:
+            now = self.now()
+            if not writes.insert(conn, task, now):
+                return None
+            claim, claimed = claimed_at_submission(rule, task, owner, now)
+            if not writes.apply(conn, claim, now, self._deferred):
+                raise StoreError(f"task {task.task_id}: its claim did not apply to it as"
+                                 " submitted", task_id=task.task_id)
+            return claimed
+
+        return await self._writer.run(job)
 
     def submit_in(self, connection: sqlite3.Connection, task: NewTask) -> bool:
         """Write the task with the caller's connection, in the caller's transaction (E1)."""
