@@ -88,7 +88,7 @@ class MemoryStore(Tables, Deliveries):
         """`submit` from outside a coroutine (the simulation's clients): this store does
         no I/O, so it needs no event loop."""
         with self._data.lock:
-            created = self._insert(task)
+            created = self._insert(task, self.now())
         if created:
             self._tell_watchers(self.now())
         return created
@@ -96,9 +96,9 @@ class MemoryStore(Tables, Deliveries):
     async def submit_claimed(self, task: NewTask, owner: str, rule: ClaimRule
                              ) -> Task | None:
         with self._data.lock:
-            if not self._insert(task):
+            now = self.now()  # one moment, as one transaction has
+            if not self._insert(task, now):
                 return None
-            now = self.now()
             claim, _ = claimed_at_submission(rule, task, owner, now)
             if not self._apply(claim, now):
                 raise StoreError(f"task {task.task_id}: its claim did not apply to it as"
@@ -109,8 +109,8 @@ class MemoryStore(Tables, Deliveries):
         raise ConfigurationError("the memory store has no transaction to join: "
                                  "submit without a connection")
 
-    def _insert(self, task: NewTask) -> bool:
-        data, now = self._data, self.now()
+    def _insert(self, task: NewTask, now: float) -> bool:
+        data = self._data
         existing = data.tasks.get(task.task_id)
         if existing is not None:
             if existing.task.workflow != task.workflow or (

@@ -1,0 +1,105 @@
+"""A task submitted in a process whose own scheduler has a slot free is written
+already claimed for it, in the submission's transaction, and driven at once
+(Store.submit_claimed; client.py, scheduler.py): on every store, from the blocking
+`submit` and from `asubmit` on another event loop than the roles'.
+
+The proof is in the history the store keeps: the claim is recorded at the very
+moment of the submission (one transaction), by the app's scheduler, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sasflow import AgentRequest, App, Step, TaskState
+from sasflow.store.records import HistoryEntry
+from support.backends import STORES
+
+STEP_TIMEOUT = 600.0  # nothing here is about a step running out of time
+WAIT = 60.0
+
+
+@pytest.fixture(params=sorted(STORES))
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return STORES[request.param](tmp_path)
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """Held shut, the `hold` agent keeps its step (and its scheduler slot) busy."""
+    opened = threading.Event()
+    yield opened
+    opened.set()
+
+
+@pytest.fixture
+def app(store_url: str, gate: threading.Event) -> Iterator[App]:
+    made = App(store=store_url)
+
+    @made.agent("inventory")
+    def reserve(req: AgentRequest) -> dict[str, Any]:
+        return {"reserved": req.input["n"]}
+
+    @made.agent("hold")
+    def hold(req: AgentRequest) -> None:
+        assert gate.wait(WAIT)
+
+    made.workflow("reserve", steps=[Step("reserve", agent="inventory", timeout=STEP_TIMEOUT),
+                                    Step("again", agent="inventory", timeout=STEP_TIMEOUT)])
+    made.workflow("held", steps=[Step("hold", agent="hold", timeout=STEP_TIMEOUT)])
+    yield made
+    made.stop()
+
+
+def claims(history: list[HistoryEntry]) -> list[HistoryEntry]:
+    return [h for h in history if h.step is None and (h.why or "").startswith("claimed")]
+
+
+def started(app: App, concurrency: int) -> None:
+    """The app's roles started, and its scheduler running: a first task has run."""
+    app.start(concurrency=concurrency)
+    first = app.submit("reserve", {"n": 0}, task_id="first")
+    assert app.wait(first, timeout=WAIT).state is TaskState.PROCESSED
+
+
+def test_a_task_submitted_beside_a_free_scheduler_is_claimed_with_its_submission(
+        app: App) -> None:
+    """Blocking and from another loop: each task's one claim is recorded at its
+    submission's moment, by the app's scheduler, and the task runs to the end."""
+    started(app, concurrency=8)
+    ids = [app.submit("reserve", {"n": n}, task_id=f"blocking-{n}") for n in range(3)]
+
+    async def from_another_loop() -> list[str]:
+        return [await app.asubmit("reserve", {"n": n}, task_id=f"async-{n}")
+                for n in range(3)]
+
+    ids += asyncio.run(from_another_loop())
+    for task_id in ids:
+        assert app.wait(task_id, timeout=WAIT).state is TaskState.PROCESSED
+        history = app.history(task_id)
+        submitted = [h for h in history if h.why == "submitted"]
+        [claim] = claims(history)
+        assert [h.at for h in submitted] == [claim.at], (task_id, history)
+        assert claim.actor not in ("submit", "") and claim.epoch == 1
+
+
+def test_with_every_slot_taken_a_submission_waits_pending_for_the_claim_loop(
+        app: App, gate: threading.Event) -> None:
+    """No slot free: the task is stored as submitted (pending, epoch 0, nothing but its
+    submission in its history), then claimed in the usual way once a slot frees."""
+    started(app, concurrency=1)
+    app.submit("held", {}, task_id="busy")
+    waited = app.submit("reserve", {"n": 1}, task_id="waiting")
+    task = app.get(waited)
+    assert (task.state, task.locked_by, task.epoch) == (TaskState.PENDING, None, 0)
+    assert [h.why for h in app.history(waited)] == ["submitted"]
+    gate.set()
+    assert app.wait(waited, timeout=WAIT).state is TaskState.PROCESSED
+    [claim] = claims(app.history(waited))
+    assert claim.at > app.history(waited)[0].at
