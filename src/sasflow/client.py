@@ -150,18 +150,18 @@ class Client(Operations):
         # a blocking caller (`submit`) may have the id as soon as the task is stored:
         # the store's writer gives it, the schedulers are told after
         answer_early(new.task_id)
-        claimer = self._signals.claimer(new.workflow, new.version)
+        claimer = self._signals.claimer(new.workflow, new.version, here=True)
         if claimer is None:
             await self._store.submit(new)
             self._signals.wake_schedulers()
             return new.task_id
-        # a scheduler of this process has a slot: the task is claimed for it in the
+        # a scheduler on this loop has a slot: the task is claimed for it in the
         # submission's own transaction and driven at once (no claim, no wake-up)
-        loop, scheduler, rule = claimer
+        _, scheduler, rule = claimer
         writing = asyncio.ensure_future(
             self._store.submit_claimed(new, scheduler.instance_id, rule))
         # a caller cancelled while the write is on its way still hands its task over
-        writing.add_done_callback(lambda done: self._hand_over(done, loop, scheduler))
+        writing.add_done_callback(lambda done: self._hand_over(done, scheduler))
         await asyncio.shield(writing)
         return new.task_id
 
@@ -169,7 +169,7 @@ class Client(Operations):
         """Write `new` on the blocking submit's own connection, claimed for a scheduler of
         this process with a slot free if there is one (handed to it on its loop); False
         if the connection failed (nothing written)."""
-        claimer = self._signals.claimer(new.workflow, new.version)
+        claimer = self._signals.claimer(new.workflow, new.version, here=False)
         if claimer is None:
             if own.submit(new) is None:
                 return False
@@ -185,25 +185,21 @@ class Client(Operations):
             scheduler.unpromise()
             self._signals.wake_schedulers()
             return claimed is False
-        with contextlib.suppress(RuntimeError):  # (see _hand_over)
+        # (its loop closed meanwhile: the task, locked to a stopped scheduler, is
+        # released by a supervisor at its complete-by, as after a crash)
+        with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(scheduler.adopt, claimed)
         return True
 
-    def _hand_over(self, written: asyncio.Future[Task | None], loop: asyncio.AbstractEventLoop,
-                   scheduler: Scheduler) -> None:
-        """Give the task claimed with its submission to the scheduler it was claimed for,
-        on its loop; or give the slot back if nothing was claimed."""
+    def _hand_over(self, written: asyncio.Future[Task | None], scheduler: Scheduler) -> None:
+        """Give the task claimed with its submission to the scheduler it was claimed for
+        (on this loop); or give the slot back if nothing was claimed."""
         claimed = None if written.cancelled() or written.exception() else written.result()
         if claimed is None:  # it existed (nothing was written), or the write failed
             scheduler.unpromise()
             self._signals.wake_schedulers()
-        elif loop is asyncio.get_running_loop():
-            scheduler.adopt(claimed)
         else:
-            # (its loop closed meanwhile: the task, locked to a stopped scheduler, is
-            # released by a supervisor at its complete-by, as after a crash)
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(scheduler.adopt, claimed)
+            scheduler.adopt(claimed)
 
     def submit(self, workflow: str, input: Any = None, *, task_id: str | None = None,
                reply_to: str | None = None, connection: Any = None) -> str:

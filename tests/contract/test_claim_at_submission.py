@@ -1,7 +1,8 @@
 """A task submitted in a process whose own scheduler has a slot free is written
 already claimed for it, in the submission's transaction, and driven at once
 (Store.submit_claimed; client.py, scheduler.py): on every store, from the blocking
-`submit` and from `asubmit` on another event loop than the roles'.
+`submit` and from `asubmit` on the roles' own event loop. From another loop it is
+submitted pending and claimed by the claim loop, which batches many such tasks.
 
 The proof is in the history the store keeps: the claim is recorded at the very
 moment of the submission (one transaction), by the app's scheduler, once.
@@ -68,10 +69,19 @@ def started(app: App, concurrency: int) -> None:
     assert app.wait(first, timeout=WAIT).state is TaskState.PROCESSED
 
 
-def test_a_task_submitted_beside_a_free_scheduler_is_claimed_with_its_submission(
+def claimed_with_submission(history: list[HistoryEntry]) -> bool:
+    """Whether the task's one claim is recorded at its submission's moment (one
+    transaction), by a scheduler, under epoch 1."""
+    submitted = [h.at for h in history if h.why == "submitted"]
+    [claim] = claims(history)
+    assert claim.actor not in ("submit", "") and claim.epoch == 1
+    return submitted == [claim.at]
+
+
+def test_a_blocking_submission_beside_a_free_scheduler_is_claimed_with_it(
         app: App) -> None:
-    """Blocking and from another loop: each task's one claim is recorded at its
-    submission's moment, by the app's scheduler, and the task runs to the end."""
+    """Each task's one claim is recorded at its submission's moment, by the app's
+    scheduler, and the task runs to the end; from another loop, the usual way."""
     started(app, concurrency=8)
     ids = [app.submit("reserve", {"n": n}, task_id=f"blocking-{n}") for n in range(3)]
 
@@ -82,11 +92,26 @@ def test_a_task_submitted_beside_a_free_scheduler_is_claimed_with_its_submission
     ids += asyncio.run(from_another_loop())
     for task_id in ids:
         assert app.wait(task_id, timeout=WAIT).state is TaskState.PROCESSED
-        history = app.history(task_id)
-        submitted = [h for h in history if h.why == "submitted"]
-        [claim] = claims(history)
-        assert [h.at for h in submitted] == [claim.at], (task_id, history)
-        assert claim.actor not in ("submit", "") and claim.epoch == 1
+    assert [claimed_with_submission(app.history(t)) for t in ids] == [True] * 3 + [False] * 3
+
+
+def test_an_async_submission_on_the_roles_loop_is_claimed_with_it(app: App) -> None:
+    """`asubmit` in the loop that runs the roles (`arun`): claimed with its submission."""
+    async def main() -> list[bool]:
+        roles = asyncio.create_task(app.arun(concurrency=8))
+        try:
+            first = await app.asubmit("reserve", {"n": 0}, task_id="first")
+            await app.await_(first, timeout=WAIT)  # the scheduler runs
+            ids = [await app.asubmit("reserve", {"n": n}, task_id=f"async-{n}")
+                   for n in range(3)]
+            for task_id in ids:
+                assert (await app.await_(task_id, timeout=WAIT)).state is TaskState.PROCESSED
+            return [claimed_with_submission(await app.ahistory(t)) for t in ids]
+        finally:
+            roles.cancel()
+            await asyncio.gather(roles, return_exceptions=True)
+
+    assert asyncio.run(main()) == [True] * 3
 
 
 def test_with_every_slot_taken_a_submission_waits_pending_for_the_claim_loop(
