@@ -26,13 +26,14 @@ measurement is kept: on a shared machine it says how noisy the sitting was.
 
 Usage: python bench/observability.py [--rounds 5] [--n 2000]
            [--styles sequential,concurrent,presubmitted] [--variants noop,sleep10ms]
-           [--modes off,metrics,tracing,both] [--sample 1.0]
+           [--modes off,metrics,tracing,both] [--sample 1.0] [--gc-freeze]
 Prints one JSON line; the table of medians and ratios goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import os
 import random
@@ -88,12 +89,15 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
 
     def keep(*args: Any, **kwargs: Any) -> Any:  # to read back what the app counted
         made.append(make_app(*args, **kwargs))
+        if a.gc_freeze:  # what is loaded by now stays out of every collection
+            gc.freeze()
         return made[-1]
 
     throughput.make_app = keep
     result = throughput.measure(a, **({"metrics": True} if metered else {}))
     result["mode"] = a.mode
     result["sample"] = a.sample
+    result["gc_frozen"] = a.gc_freeze
     if metered:
         result["steps_counted"] = sum(
             made[0].metrics.registry.get_sample_value(
@@ -120,6 +124,9 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--sample", type=float, default=1.0,
                     help="the share of tasks traced (a ratio sampler below 1)")
+    ap.add_argument("--gc-freeze", action="store_true",
+                    help="each child freezes its heap once the app is made (gc.freeze(), as"
+                         " `sasflow worker` does), before its roles start")
     ap.add_argument("--budget-s", type=float, default=3000.0, help="bound for the whole run")
     ap.add_argument("--child-timeout-s", type=float, default=240.0,
                     help="bound for one measurement")
@@ -156,7 +163,8 @@ def main() -> None:
                 result = C.run_child("observability.py", [
                     "--role", "one", "--mode", mode, "--n", str(a.n), "--style", style,
                     "--sleep", str(throughput.VARIANTS[variant]),
-                    "--concurrency", str(a.concurrency), "--sample", str(a.sample)],
+                    "--concurrency", str(a.concurrency), "--sample", str(a.sample),
+                    *(["--gc-freeze"] if a.gc_freeze else [])],
                     timeout=min(left - 5, a.child_timeout_s))
                 result.update(round=round_no, load1=round(load, 2))
                 runs.setdefault(key, {}).setdefault(mode, []).append(result)
