@@ -182,6 +182,9 @@ class Client(Operations):
             scheduler.unpromise()
             raise
         if not claimed:  # existed (nothing written), or the connection failed
+            # (a commit whose answer the failure lost leaves the task claimed and not
+            # driven: its complete-by passes and a supervisor releases it, as after a
+            # crash; the submission through the loop then finds it exists)
             scheduler.unpromise()
             self._signals.wake_schedulers()
             return claimed is False
