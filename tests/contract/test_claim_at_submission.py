@@ -31,16 +31,24 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return STORES[request.param](tmp_path)
 
 
-@pytest.fixture
-def gate() -> Iterator[threading.Event]:
-    """Held shut, the `hold` agent keeps its step (and its scheduler slot) busy."""
-    opened = threading.Event()
-    yield opened
-    opened.set()
+class Gate:
+    """Held shut, the `hold` agent keeps its step (and its scheduler slot) busy;
+    `entered` says the step is running."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.entered = threading.Event()
 
 
 @pytest.fixture
-def app(store_url: str, gate: threading.Event) -> Iterator[App]:
+def gate() -> Iterator[Gate]:
+    made = Gate()
+    yield made
+    made.open.set()
+
+
+@pytest.fixture
+def app(store_url: str, gate: Gate) -> Iterator[App]:
     made = App(store=store_url)
 
     @made.agent("inventory")
@@ -49,7 +57,8 @@ def app(store_url: str, gate: threading.Event) -> Iterator[App]:
 
     @made.agent("hold")
     def hold(req: AgentRequest) -> None:
-        assert gate.wait(WAIT)
+        gate.entered.set()
+        assert gate.open.wait(WAIT)
 
     made.workflow("reserve", steps=[Step("reserve", agent="inventory", timeout=STEP_TIMEOUT),
                                     Step("again", agent="inventory", timeout=STEP_TIMEOUT)])
@@ -115,16 +124,17 @@ def test_an_async_submission_on_the_roles_loop_is_claimed_with_it(app: App) -> N
 
 
 def test_with_every_slot_taken_a_submission_waits_pending_for_the_claim_loop(
-        app: App, gate: threading.Event) -> None:
+        app: App, gate: Gate) -> None:
     """No slot free: the task is stored as submitted (pending, epoch 0, nothing but its
     submission in its history), then claimed in the usual way once a slot frees."""
-    started(app, concurrency=1)
+    app.start(concurrency=1)
     app.submit("held", {}, task_id="busy")
+    assert gate.entered.wait(WAIT)  # the one slot is busy until the gate opens
     waited = app.submit("reserve", {"n": 1}, task_id="waiting")
     task = app.get(waited)
     assert (task.state, task.locked_by, task.epoch) == (TaskState.PENDING, None, 0)
     assert [h.why for h in app.history(waited)] == ["submitted"]
-    gate.set()
+    gate.open.set()
     assert app.wait(waited, timeout=WAIT).state is TaskState.PROCESSED
     [claim] = claims(app.history(waited))
     assert claim.at > app.history(waited)[0].at
