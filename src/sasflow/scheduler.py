@@ -122,8 +122,7 @@ class Scheduler:
         if self._running:
             self._start(task)
             return
-        release = self.plans[task.workflow].release(task, self.instance_id, self.store.now())
-        handing_back = asyncio.ensure_future(self.store.apply(release))
+        handing_back = asyncio.ensure_future(self.store.apply(self._release(task)))
         # (if that fails too, the supervisor releases the task at its complete-by)
         handing_back.add_done_callback(lambda done: done.cancelled() or done.exception())
 
@@ -154,14 +153,17 @@ class Scheduler:
 
     async def _release_held(self) -> None:
         """On shutdown, hand held tasks back at once instead of letting them expire."""
-        now = self.store.now()
-        transitions = [self.plans[t.workflow].release(t, self.instance_id, now)
-                       for t in self._held.values() if t.locked_by == self.instance_id]
+        transitions = [self._release(t) for t in self._held.values()
+                       if t.locked_by == self.instance_id]
         self._held.clear()
         if transitions:
             results = await asyncio.gather(*(self.store.apply(t) for t in transitions),
                                            return_exceptions=True)
             log.info("released %d task(s) on shutdown", sum(r is True for r in results))
+
+    def _release(self, task: Task) -> Transition:
+        """Handing `task` back now, as a stop does (no failure counted)."""
+        return self.plans[task.workflow].release(task, self.instance_id, self.store.now())
 
     async def _claim_loop(self, watcher: asyncio.Task[None]) -> None:
         loop = asyncio.get_running_loop()

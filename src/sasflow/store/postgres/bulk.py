@@ -59,6 +59,11 @@ class Claimed(msgspec.Struct, frozen=True):
 
 
 Write = Transition | NewTask | Claimed
+
+
+def _new(write: NewTask | Claimed) -> NewTask:
+    """The task a submission writes, claimed or not."""
+    return write.task if isinstance(write, Claimed) else write
 Outcome = bool | Exception  # applied / created, or why a submission was refused
 
 _Q = queries.load("postgres", "pyformat")
@@ -128,8 +133,8 @@ def _submissions(tasks: Sequence[NewTask | Claimed], now: float, token: int
                  ) -> dict[str, str]:
     rows = _Rows()
     for write in tasks:
-        row, implied = (submission_rows(write.task, now, write.claim)
-                        if isinstance(write, Claimed) else submission_rows(write, now))
+        row, implied = submission_rows(
+            _new(write), now, write.claim if isinstance(write, Claimed) else None)
         rows.add("tasks", {**row, "last_write": token})
         rows.add_implied(implied)
     return rows.params("tasks", "steps", "history", "outbox")
@@ -155,8 +160,7 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
         if submissions:
             await cur.execute(_Q["insert_tasks"], _submissions(submissions, now, token))
             created = await _answer(cur)
-            existing = [w.task if isinstance(w, Claimed) else w for w in submissions
-                        if w.task_id not in created]
+            existing = [_new(w) for w in submissions if w.task_id not in created]
             for write in submissions:
                 if write.task_id in created:
                     outcomes[index[write.task_id]] = True
@@ -234,7 +238,7 @@ async def written(conn: psycopg.AsyncConnection[Any], task_ids: Sequence[str],
 def insert_sync(conn: psycopg.Connection[Any], write: NewTask | Claimed, now: float) -> bool:
     """One submission, one statement: in the caller's transaction, or (autocommit)
     a transaction by itself. False if the task existed."""
-    task = write.task if isinstance(write, Claimed) else write
+    task = _new(write)
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(_Q["insert_tasks"], _submissions([write], now, new_token()))
         row = cur.fetchone()
