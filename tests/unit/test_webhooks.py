@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,14 @@ def test_an_apps_supervisor_delivers_to_the_webhooks_given_or_else_the_environme
             app._worker()
     finally:
         app.close()
+
+
+def test_only_a_process_that_posts_to_a_webhook_imports_the_http_client() -> None:
+    """A worker, and every `sasflow` command, load the deliverer; the HTTP client it
+    posts with (a third of the command line's start-up) comes in with the first POST."""
+    script = ("import sys\n"
+              "import sasflow, sasflow.cli, sasflow.worker, sasflow.alert_delivery\n"
+              "print('httpx' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "False"
