@@ -9,6 +9,18 @@ import pytest
 
 from support.services import POSTGRES, RABBITMQ, REDIS, require
 
+# Tests that kill, freeze and partition processes and servers wait for what a
+# replacement does in its own time: `make test` runs them in one process of their
+# own, after the rest has run spread over two (docs/testing.md).
+_ON_THEIR_OWN = ("chaos", "scenario")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        if item.path.relative_to(tests).parts[0] in _ON_THEIR_OWN:
+            item.add_marker(pytest.mark.serial)
+
 
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:

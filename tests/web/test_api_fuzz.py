@@ -17,6 +17,10 @@ from webshop import make_shop
 from sasflow.web.app import create_app
 from support.web import AS_OPERATOR, AS_VIEWER, USERS, serving
 
+# schemathesis gives every case of an operation one node id: pytest-xdist, which
+# tells tests apart by their ids, would run one case of each
+pytestmark = pytest.mark.serial
+
 # the document alone, from an app that never opens its store
 schema = schemathesis.openapi.from_dict(create_app(make_shop("memory://"), USERS).openapi())
 _FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None,
