@@ -16,7 +16,9 @@ client libraries or the application's agents. They live in context variables,
 so each asyncio task (a scheduler's driver, an agent's handler) sees its own,
 and a sync agent's thread sees its request's (agent.py runs it in a copy of
 the context). An application that sets up its own logging can put
-`ContextFilter` and `JsonFormatter` on its own handlers.
+`ContextFilter` and `JsonFormatter` on its own handlers, before it starts the
+roles: until a process has a ContextFilter, nothing reads the fields and the
+contexts set none.
 
 In both formats every message and traceback passes through `RedactingFilter`
 first: no URL secret reaches the log (R5).
@@ -27,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Any, TextIO, TypedDict, Unpack
 
@@ -44,6 +46,12 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _VARS: dict[str, ContextVar[Any]] = {
     name: ContextVar(f"sasflow_log_{name}", default=None) for name in FIELDS}
 _STEP: ContextVar[str | None] = _VARS["step"]
+
+# Whether this process has a ContextFilter, the only reader of the variables. Until
+# it has one, no record is given the fields, and setting them only costs: a driver's
+# context and each agent request's, their tokens and context mappings, made a fifth
+# of the collector's runs in the roles' process (docs/benchmarks.md).
+_read = False
 
 
 class LogFields(TypedDict, total=False):
@@ -66,6 +74,9 @@ class log_context:  # lower case: used as a function is, like contextlib.suppres
         self._fields = fields
 
     def __enter__(self) -> None:
+        if not _read:  # nothing reads them (_read)
+            self._tokens: tuple[Token[Any], ...] | list[Token[Any]] = ()
+            return
         tokens = []  # a loop: cheaper than a comprehension, and an agent enters one a request
         for name, value in self._fields.items():
             tokens.append(_VARS[name].set(value))
@@ -83,15 +94,23 @@ def log_step(step: str) -> None:
     step (a scheduler's driver): its context is its own copy, dropped with it, so
     nothing needs putting back, and a step costs one context variable's set.
     """
-    _STEP.set(step)
+    if _read:
+        _STEP.set(step)
 
 
 class ContextFilter(logging.Filter):
     """Copies the fields of the current `log_context` onto each record it sees.
 
     A field the log call gave itself (``extra={"task_id": ...}``) is kept. Put it on
-    a handler: a handler's filters run in the logging call's own context.
+    a handler: a handler's filters run in the logging call's own context. The
+    fields are kept from the first one's making on (contexts entered before it
+    carry none): make it before the roles start, as `configure_logging` does.
     """
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__(name)
+        global _read
+        _read = True
 
     def filter(self, record: logging.LogRecord) -> bool:
         fields = record.__dict__

@@ -8,6 +8,8 @@ import io
 import json
 import logging
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -165,3 +167,36 @@ def test_configuring_again_replaces_the_handler_instead_of_adding_one() -> None:
 def test_an_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="text, json"):
         log_handler("xml")
+
+
+def test_a_context_sets_nothing_until_a_process_has_a_context_filter() -> None:
+    """The fields' only reader is ContextFilter: until one exists, a driver's and each
+    request's context set no variable (the roles' process runs a fifth fewer
+    collections); from the first one on, contexts carry their fields."""
+    script = """
+import contextvars, io, json, logging, sys
+from sasflow.logs import ContextFilter, JsonFormatter, log_context, log_step
+def variables():
+    return sorted(v.name for v in contextvars.copy_context() if v.name.startswith("sasflow_log"))
+with log_context(task_id="t-1", epoch=1):
+    log_step("charge")
+    before = variables()
+out = io.StringIO()
+handler = logging.StreamHandler(out)
+handler.addFilter(ContextFilter())
+handler.setFormatter(JsonFormatter())
+logger = logging.getLogger("fields")
+logger.addHandler(handler)
+with log_context(task_id="t-2", epoch=2):
+    log_step("ship")
+    after = variables()
+    logger.warning("shipping")
+line = json.loads(out.getvalue())
+print(json.dumps([before, after, [line["task_id"], line["epoch"], line["step"]]]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    before, after, fields = json.loads(done.stdout)
+    assert before == []
+    assert after == ["sasflow_log_epoch", "sasflow_log_step", "sasflow_log_task_id"]
+    assert fields == ["t-2", 2, "ship"]
