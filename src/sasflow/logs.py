@@ -49,7 +49,7 @@ _STEP: ContextVar[str | None] = _VARS["step"]
 
 # Whether this process has a ContextFilter, the only reader of the variables. Until
 # it has one, no record is given the fields, and setting them only costs: a driver's
-# context and each agent request's, their tokens and context mappings, made a fifth
+# context and each agent request's, their tokens and context mappings, made some 15%
 # of the collector's runs in the roles' process (docs/benchmarks.md).
 _read = False
 

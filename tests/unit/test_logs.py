@@ -171,7 +171,7 @@ def test_an_unknown_format_is_refused() -> None:
 
 def test_a_context_sets_nothing_until_a_process_has_a_context_filter() -> None:
     """The fields' only reader is ContextFilter: until one exists, a driver's and each
-    request's context set no variable (the roles' process runs a fifth fewer
+    request's context set no variable (the roles' process runs some 15% fewer
     collections); from the first one on, contexts carry their fields."""
     script = """
 import contextvars, io, json, logging, sys
