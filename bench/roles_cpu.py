@@ -11,9 +11,10 @@ threads: the roles', the store's), the collector's time a step per generation
 in it. Rounds alternate the trees (``--src ,../other`` runs this tree's sasflow
 and the other's), medians per tree.
 
-This is the quietest measure of the roles' Python that bench/ has: the same tree
-gives the same CPU a step within a few percent from run to run, where the
-throughput rows swing by 20% on a shared 2-core machine.
+The counts of collections barely move from run to run of the same tree (a
+few percent); the CPU a step swings by about 10% on a 2-core machine, the
+throughput rows by 20%: judge a change by several rounds' medians and paired
+ratios.
 
   --gc-tuned  each child freezes its heap and raises the youngest generation's
               threshold to 10,000 before starting the roles, as `sasflow worker`
