@@ -41,24 +41,13 @@ from typing import Any
 import common as C
 import psycopg
 from distributed import PG_ADMIN, with_database
-from workload import WORKFLOW, make_app
+from pg_worker import submit_all
+from workload import make_app
 
 from sasflow import App
 
 POLL_S = 0.02
 ROLES_CONCURRENCY = 1024  # as bench/pg_worker.py's in-process roles
-
-
-def submit_all(url: str, n: int) -> None:
-    app = make_app(url)
-    try:
-        async def submit() -> None:
-            for _ in range(n):
-                await app.asubmit(WORKFLOW, None)
-
-        app._loop.run(submit())
-    finally:
-        app.close()
 
 
 def run_roles(url: str, n: int, gc_tuned: bool, concurrency: int) -> dict[str, Any]:
