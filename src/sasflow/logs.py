@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Any, TextIO, TypedDict, Unpack
@@ -69,13 +70,14 @@ class log_context:  # lower case: used as a function is, like contextlib.suppres
     they were."""
 
     __slots__ = ("_fields", "_tokens")
+    _tokens: Sequence[Token[Any]]
 
     def __init__(self, **fields: Unpack[LogFields]) -> None:
         self._fields = fields
 
     def __enter__(self) -> None:
-        if not _read:  # nothing reads them (_read)
-            self._tokens: tuple[Token[Any], ...] | list[Token[Any]] = ()
+        if not _read:
+            self._tokens = ()
             return
         tokens = []  # a loop: cheaper than a comprehension, and an agent enters one a request
         for name, value in self._fields.items():
