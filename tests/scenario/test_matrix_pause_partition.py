@@ -17,9 +17,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import pytest
+from scenarioapp import order_input
 
 from sasflow.examples.orders.remote import RemoteService
 from support.faultproxy import FaultProxy
@@ -39,6 +40,14 @@ pytestmark = pytest.mark.chaos
 FIRST_WAVE = 40  # orders in flight when the fault comes
 SECOND_WAVE = 20  # orders after it heals: the worker that came back works again
 HELD = 3  # the fault waits for the victim to hold at least this many tasks
+# each operation of an order holds its task this long after the remote applied it: on a
+# fast machine the first wave ran out between two looks at what the victim held
+LINGER_S = 0.25
+
+
+def lingering(n: int) -> dict[str, Any]:
+    """Order n, its steps lingering (scenarioapp.py): there are tasks to be held."""
+    return {**order_input(n), "linger_s": LINGER_S}
 
 
 @pytest.fixture
@@ -60,13 +69,14 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
     peer = cluster.spawn("peer", "scheduler,agent")
     supervisors = [cluster.spawn(f"sup-{n}", "supervisor") for n in (1, 2)]
     wait_started(cluster, [victim, peer, *supervisors])
-    run.submit(FIRST_WAVE)
+    run.submit(FIRST_WAVE, inputs=lingering)
     cluster.wait_for(f"the victim to hold {HELD}+ tasks",
                      lambda: len(run.held_by(victim)) >= HELD, timeout=60)
     frozen_at = freeze_between_writes(cluster, victim)
+    held = run.held_by(victim)
+    assert held, "the victim was frozen holding no task"
     leader, at = freeze_leader(cluster)
     frozen_at = min(frozen_at, at)
-    held = run.held_by(victim)
     cluster.wait_for("the standby to take the lease from the frozen leader",
                      lambda: (cluster.lease() or ("",))[0] not in ("", leader.name),
                      timeout=30)
@@ -75,7 +85,7 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
     thawed_at = min(victim.thaw(), leader.thaw())
     print(f"\nfrozen {thawed_at - frozen_at:.1f}s holding {len(held)} tasks")
 
-    run.submit(SECOND_WAVE)
+    run.submit(SECOND_WAVE, inputs=lingering)
     cluster.wait_for("the old leader to stand by after it resumed",
                      lambda: said_after(leader.log, f"supervisor {leader.name}: standing by"),
                      timeout=30)
@@ -83,7 +93,8 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
     run.stop(victim)  # whatever it had left to write is written, or fenced off, by now
     assert not cluster.db.must("SELECT id FROM history WHERE actor = %s AND at > %s",
                                (leader.name, frozen_at)), "the deposed leader wrote after"
-    run.conclude(fenced={victim.name: frozen_at}, quiet=[peer, *supervisors])
+    run.conclude(fenced={victim.name: frozen_at}, quiet=[peer, *supervisors],
+                 inputs=lingering)
 
 
 @pytest.mark.timeout(240)
@@ -128,23 +139,24 @@ def partition(run: Run, port: int, routed: Callable[[FaultProxy], Route]) -> Non
         peer = cluster.spawn("peer", "scheduler,agent")
         supervisor = cluster.spawn("sup-1", "supervisor")
         wait_started(cluster, [victim, peer, supervisor])
-        run.submit(FIRST_WAVE)
+        run.submit(FIRST_WAVE, inputs=lingering)
         cluster.wait_for(f"the victim to hold {HELD}+ tasks",
                          lambda: len(run.held_by(victim)) >= HELD, timeout=60)
 
         cut_at = time.time()
         proxy.set_mode("black-hole")
         held = run.held_by(victim)
+        assert held, "the victim was cut off holding no task"
         cluster.wait_for(f"the {len(held)} tasks the victim held expired and recovered",
                          lambda: run.expired_since(held, cut_at), timeout=RECOVERY)
         proxy.set_mode("pass")
         print(f"\npartitioned {time.time() - cut_at:.1f}s holding {len(held)} tasks;"
               f" {proxy.connections} connections through the proxy")
 
-        run.submit(SECOND_WAVE)
+        run.submit(SECOND_WAVE, inputs=lingering)
         run.wait_all_terminal()
         run.stop(victim)
-    run.conclude(fenced={victim.name: cut_at}, quiet=[peer, supervisor])
+    run.conclude(fenced={victim.name: cut_at}, quiet=[peer, supervisor], inputs=lingering)
 
 
 def freeze_between_writes(cluster: Cluster, worker: Worker) -> float:

@@ -20,6 +20,10 @@ the remote service is shared between processes:
   ``"refund_fault": "hang"``: the refund is applied, then the compensator hangs
   past its complete-by, on every attempt.
 
+* ``"linger_s": s``: each operation holds its task ``s`` seconds more after the
+  remote applied it (well under a step's complete-by), so that a fault that must
+  find a worker holding tasks finds some, however fast the machine runs them.
+
 A worker started with ``SCENARIO_STALL_AT=refund`` (operations, comma-separated) in
 its environment hangs after the remote applied each of those operations, whatever
 the order, holding its task: a test SIGKILLs it there (mid-compensation, say).
@@ -79,6 +83,8 @@ async def remote(operation: str, req: AgentRequest, body: dict[str, Any]) -> dic
     remote applied with the one unit of work in the store that caused it.
     """
     reply = await call_remote(operation, req, body)
+    if req.input.get("linger_s"):
+        await asyncio.sleep(req.input["linger_s"])
     if operation in os.environ.get(STALL_ENV, "").split(","):
         await asyncio.sleep(HANG_FOR)
     return {"effect_id": reply["effect_id"], "operation": operation,
