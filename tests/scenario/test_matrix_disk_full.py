@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sasflow.examples.orders.remote import RemoteService
-from support.matrix import LONG, RECOVERY, open_run, wait_started
+from support.matrix import LONG, RECOVERY, lingering, open_run, wait_started
 from support.scenario import Cluster, Worker
 from support.servers import PrivatePostgres
 from support.services import require_root
@@ -86,7 +86,7 @@ def test_sqlite_disk_full_reports_and_resumes_once_freed(tmp_path: Path,
         run.submit(1)
         worker = run.cluster.spawn("worker", "scheduler,agent,supervisor")
         wait_started(run.cluster, [worker])
-        run.submit(ORDERS)
+        run.submit(ORDERS, lingering)  # open while the disk fills, however fast they run
         filler = fill_while_running(run.cluster, worker, disk, 5)
         open_orders = run.submitted - sum((run.cluster.states() or Counter())[s]
                                           for s in ("processed", "compensated", "error"))
@@ -118,7 +118,7 @@ def test_postgres_disk_full_reports_and_resumes_once_freed(tmp_path: Path,
                 workers = [run.cluster.spawn("worker", "scheduler,agent"),
                            run.cluster.spawn("sup-1", "supervisor")]
                 wait_started(run.cluster, workers)
-                run.submit(ORDERS)
+                run.submit(ORDERS, lingering)
                 filler = fill_while_running(run.cluster, workers[0], disk, 5)
                 filler.unlink()
                 restarted = not server.running()

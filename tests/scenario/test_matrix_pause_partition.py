@@ -17,10 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import pytest
-from scenarioapp import order_input
 
 from sasflow.examples.orders.remote import RemoteService
 from support.faultproxy import FaultProxy
@@ -30,6 +29,7 @@ from support.matrix import (
     Backend,
     Run,
     backends,
+    lingering,
     open_run,
     wait_started,
 )
@@ -40,14 +40,6 @@ pytestmark = pytest.mark.chaos
 FIRST_WAVE = 40  # orders in flight when the fault comes
 SECOND_WAVE = 20  # orders after it heals: the worker that came back works again
 HELD = 3  # the fault waits for the victim to hold at least this many tasks
-# each operation of an order holds its task this long after the remote applied it: on a
-# fast machine the first wave ran out between two looks at what the victim held
-LINGER_S = 0.25
-
-
-def lingering(n: int) -> dict[str, Any]:
-    """Order n, its steps lingering (scenarioapp.py): there are tasks to be held."""
-    return {**order_input(n), "linger_s": LINGER_S}
 
 
 @pytest.fixture
@@ -85,7 +77,7 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
     thawed_at = min(victim.thaw(), leader.thaw())
     print(f"\nfrozen {thawed_at - frozen_at:.1f}s holding {len(held)} tasks")
 
-    run.submit(SECOND_WAVE, inputs=lingering)
+    run.submit(SECOND_WAVE)
     cluster.wait_for("the old leader to stand by after it resumed",
                      lambda: said_after(leader.log, f"supervisor {leader.name}: standing by"),
                      timeout=30)
@@ -93,8 +85,7 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
     run.stop(victim)  # whatever it had left to write is written, or fenced off, by now
     assert not cluster.db.must("SELECT id FROM history WHERE actor = %s AND at > %s",
                                (leader.name, frozen_at)), "the deposed leader wrote after"
-    run.conclude(fenced={victim.name: frozen_at}, quiet=[peer, *supervisors],
-                 inputs=lingering)
+    run.conclude(fenced={victim.name: frozen_at}, quiet=[peer, *supervisors])
 
 
 @pytest.mark.timeout(240)
@@ -153,10 +144,10 @@ def partition(run: Run, port: int, routed: Callable[[FaultProxy], Route]) -> Non
         print(f"\npartitioned {time.time() - cut_at:.1f}s holding {len(held)} tasks;"
               f" {proxy.connections} connections through the proxy")
 
-        run.submit(SECOND_WAVE, inputs=lingering)
+        run.submit(SECOND_WAVE)
         run.wait_all_terminal()
         run.stop(victim)
-    run.conclude(fenced={victim.name: cut_at}, quiet=[peer, supervisor], inputs=lingering)
+    run.conclude(fenced={victim.name: cut_at}, quiet=[peer, supervisor])
 
 
 def freeze_between_writes(cluster: Cluster, worker: Worker) -> float:

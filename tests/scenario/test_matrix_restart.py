@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sasflow.examples.orders.remote import RemoteService
-from support.matrix import RECOVERY, Run, open_run, wait_started
+from support.matrix import RECOVERY, Run, lingering, open_run, wait_started
 from support.scenario import Postgres, Worker
 
 pytestmark = pytest.mark.chaos
@@ -39,7 +39,7 @@ def start(run: Run) -> list[Worker]:
     workers = [cluster.spawn(f"worker-{n}", "scheduler,agent") for n in (1, 2)]
     supervisors = [cluster.spawn(f"sup-{n}", "supervisor") for n in (1, 2)]
     wait_started(cluster, [*workers, *supervisors])
-    run.submit(ORDERS)
+    run.submit(ORDERS, lingering)
     cluster.wait_for(f"{IN_FLIGHT}+ orders held by the workers",
                      lambda: sum(cluster.locked_by().values()) >= IN_FLIGHT, timeout=RECOVERY)
     return [*workers, *supervisors]

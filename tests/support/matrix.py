@@ -32,12 +32,22 @@ from support.invariants import (
 )
 from support.scenario import Broker, Cluster, Postgres, Worker
 
-__all__ = ["BACKENDS", "LONG", "POSTGRES_BACKENDS", "RECOVERY", "Backend", "Run", "backends",
-           "open_run", "started", "wait_started"]
+__all__ = ["BACKENDS", "LINGER_S", "LONG", "POSTGRES_BACKENDS", "RECOVERY", "Backend", "Run",
+           "backends", "lingering", "open_run", "started", "wait_started"]
 
 # a task's step expires STEP_TIMEOUT after it started, and the supervisor acts on it at
 # once; the rest is room for a loaded 2-core machine (a hang guard, not a bound)
 RECOVERY = STEP_TIMEOUT + 60.0
+# A row whose fault must find the workers holding orders submits orders whose every
+# operation holds its task this long after the remote applied it (scenarioapp.py):
+# on a fast machine plain orders ended between two looks at what was held, and the
+# fault found nothing to hit. Well under a step's complete-by.
+LINGER_S = 0.25
+
+
+def lingering(n: int) -> dict[str, Any]:
+    """Order n (scenarioapp.order_input), its steps lingering: there are tasks to hold."""
+    return {**order_input(n), "linger_s": LINGER_S}
 # an idle cluster: no process may take more of a core than this, nor log more lines
 IDLE_CORE = 0.25
 IDLE_LINES = 40
