@@ -43,11 +43,6 @@ RECOVERY = STEP_TIMEOUT + 60.0
 # on a fast machine plain orders ended between two looks at what was held, and the
 # fault found nothing to hit. Well under a step's complete-by.
 LINGER_S = 0.25
-
-
-def lingering(n: int) -> dict[str, Any]:
-    """Order n (scenarioapp.order_input), its steps lingering: there are tasks to hold."""
-    return {**order_input(n), "linger_s": LINGER_S}
 # an idle cluster: no process may take more of a core than this, nor log more lines
 IDLE_CORE = 0.25
 IDLE_LINES = 40
@@ -68,6 +63,11 @@ POSTGRES_BACKENDS = BACKENDS[1:]
 # the variants CI leaves out (each row runs in CI on a sample of its backends); all run with
 # SASFLOW_LONG=1 (tests/scenario/conftest.py)
 LONG = pytest.mark.long
+
+
+def lingering(n: int) -> dict[str, Any]:
+    """Order n (scenarioapp.order_input), its steps lingering: there are tasks to hold."""
+    return {**order_input(n), "linger_s": LINGER_S}
 
 
 def backends(*in_ci: str, among: Iterable[str] = BACKENDS) -> list[Any]:
