@@ -10,7 +10,10 @@ would (E1), here an autocommit one of a single statement.
 
 Waiting out an outage stays the store's: a connection that fails is closed, and
 that submission, and the next, go through the loop as `asubmit` does until a
-new connection can be made.
+new connection can be made. So does the store's first use, its schema check (on
+a connection of its own, which may be lost too): until the store has made it,
+submissions go through the loop, whose opening of the store waits out a lost
+connection; made here, its failure reached the caller as an error.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ class _Joinable(Protocol):
 
     conninfo: str
 
+    @property
+    def schema_checked(self) -> bool: ...
+
     def submit_in(self, connection: Any, task: NewTask) -> bool: ...
 
     def submit_claimed_in(self, connection: Any, task: NewTask, owner: str, rule: ClaimRule
@@ -59,20 +65,23 @@ class OwnConnection:
 
     def submit(self, task: NewTask) -> bool | None:
         """`submit_in` on this connection: whether the task was created, or None if the
-        connection failed (nothing was written: submit through the loop)."""
+        connection failed or the store has not checked its schema yet (nothing was
+        written: submit through the loop)."""
         return self._run(lambda conn: self._store.submit_in(conn, task))
 
     def submit_claimed(self, task: NewTask, owner: str, rule: ClaimRule
                        ) -> Task | Literal[False] | None:
         """The task written as claimed for `owner` (a scheduler of this process) by
         `rule`, in one statement on this connection: the task as claimed, False if it
-        existed (nothing written), or None if the connection failed."""
+        existed (nothing written), or None as for `submit`."""
         return self._run(
             lambda conn: self._store.submit_claimed_in(conn, task, owner, rule) or False)
 
     def _run(self, write: Callable[[Any], T]) -> T | None:
         import psycopg  # only a PostgreSQL store has a conninfo
 
+        if not self._store.schema_checked:
+            return None
         with self._lock:
             try:
                 if self._conn is None or self._conn.closed:

@@ -25,6 +25,7 @@ from sasflow.errors import StoreError, UnknownTaskError
 from sasflow.model import Task, TaskState
 from sasflow.scheduler import Scheduler
 from sasflow.store.postgres import PostgresStore
+from sasflow.store.postgres.connections import Connections
 from support.faultproxy import FaultProxy, fault_proxy
 from support.stores import (
     PLANS,
@@ -302,6 +303,44 @@ def own_time(clock: Clock) -> None:
     """Move `clock` to a time no other store sends: the channel is the whole
     database's, so other schemas' (other tests') wake-ups may be heard too."""
     clock.now = 1_500_000_000.0 + uuid.uuid4().int % 10**9 / 1000
+
+
+@on_postgres
+def test_a_blocking_submit_waits_out_the_store_first_use_losing_its_connection(
+        make_store: StoreFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's first use (its schema check, on a connection of its own) loses that
+    connection twice, as when the server ends it: a blocking submission made then
+    waits it out, as the store's opening does, and is written once; no error reaches
+    the caller. (The blocking submit's own connection once made that check itself,
+    and its lost connection reached the caller as a StoreError.)"""
+    url = postgres(make_store).conninfo
+    check = Connections.ensure_schema
+    lost: list[str] = []
+
+    def losing_twice(db: Connections) -> None:
+        if len(lost) < 2:
+            lost.append(threading.current_thread().name)
+            cause = psycopg.OperationalError("terminating connection due to administrator"
+                                             " command")
+            raise StoreError(f"cannot reach the PostgreSQL store: {cause}") from cause
+        check(db)
+
+    monkeypatch.setattr(Connections, "ensure_schema", losing_twice)
+    app = App(store=url)
+
+    @app.agent("a")
+    def one(req: AgentRequest) -> dict[str, Any]:
+        return {"n": req.input["n"]}
+
+    app.workflow("one", steps=[Step("one", agent="a", timeout=10.0)])
+    try:
+        task_id = app.submit("one", {"n": 1}, task_id="first-use")
+        assert len(lost) == 2, lost
+        stored = app.get(task_id)
+        assert (stored.task_id, stored.state) == ("first-use", TaskState.PENDING)
+        assert app.submit("one", {"n": 1}, task_id="first-use") == "first-use"  # once
+    finally:
+        app.close()
 
 
 @on_postgres

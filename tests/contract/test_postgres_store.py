@@ -412,8 +412,9 @@ async def test_postgres_reads_the_claimable_and_unfinished_predicates_as_the_mod
 @on_postgres
 async def test_a_blocking_submit_whose_own_connection_died_goes_through_the_loop(
         make_store: StoreFactory) -> None:
-    """The blocking submit writes on a connection of its own (own_connection.py); when
-    the server has closed it, that submission is written through the client's loop,
+    """The blocking submit writes on a connection of its own (own_connection.py), once
+    the store has been opened (its first use, through the client's loop); when the
+    server has closed that connection, that submission is written through the loop,
     once, and the next one on a new connection."""
     url = postgres(make_store).conninfo
     app = App(store=url)
@@ -431,8 +432,10 @@ async def test_a_blocking_submit_whose_own_connection_died_goes_through_the_loop
 
     def run() -> list[Task]:
         try:
-            first = app.submit("reserve", {"n": 1}, task_id="r-1")
             with psycopg.connect(url, autocommit=True) as admin:
+                opening = app.submit("reserve", {"n": 0}, task_id="r-0")
+                assert not own_backends(admin), "the store's first use goes through the loop"
+                first = app.submit("reserve", {"n": 1}, task_id="r-1")
                 killed = own_backends(admin)
                 assert killed, "the first submission used a connection of its own"
                 for pid in killed:
@@ -441,13 +444,14 @@ async def test_a_blocking_submit_whose_own_connection_died_goes_through_the_loop
                 third = app.submit("reserve", {"n": 3}, task_id="r-3")  # a new connection
                 assert own_backends(admin) and not set(own_backends(admin)) & set(killed)
             app.start()
-            return [app.wait(task_id, timeout=60) for task_id in (first, second, third)]
+            return [app.wait(task_id, timeout=60)
+                    for task_id in (opening, first, second, third)]
         finally:
             app.stop()
 
     done = await asyncio.to_thread(run)
-    assert [t.state for t in done] == [TaskState.PROCESSED] * 3
-    assert [t.steps[0].result for t in done] == [{"reserved": n} for n in (1, 2, 3)]
+    assert [t.state for t in done] == [TaskState.PROCESSED] * 4
+    assert [t.steps[0].result for t in done] == [{"reserved": n} for n in (0, 1, 2, 3)]
 
 
 async def ended(store: PostgresStore, task_id: str) -> Transition:

@@ -124,6 +124,13 @@ class PostgresStore(SQLStore):
         self._db.reconnect_for = seconds
 
     @property
+    def schema_checked(self) -> bool:
+        """Whether this store has checked its schema (its first use): until then a
+        blocking submission goes through the loop, whose opening of the store waits out
+        an outage (own_connection.py)."""
+        return self._db.schema_ready
+
+    @property
     def migrations_applied(self) -> list[str]:
         return self._db.migrations_applied
 
