@@ -259,9 +259,8 @@ class PostgresStore(SQLStore):
     def submit_claimed_in(self, connection: psycopg.Connection[Any], task: NewTask, owner: str,
                           rule: ClaimRule) -> Task | None:
         """`submit_claimed` with the caller's connection (the blocking submit's own), in
-        its transaction: one statement."""
-        if not self._db.schema_ready:
-            self._db.ensure_schema()
+        its transaction: one statement. Only once the schema is checked
+        (`schema_checked`): the blocking submit goes through the loop before."""
         now = self.now()
         claim, claimed = claimed_at_submission(rule, task, owner, now)
         return claimed if insert_sync(connection, Claimed(task, claim), now) else None
