@@ -263,11 +263,14 @@ class Scheduler:
                 TaskState.PROCESSING, TaskState.COMPENSATING):
             request = self._request(task)
             log_step(request.step)
-            # tracing off, a step pays this check and two more like it (in _run_unit)
-            if self._tracing is None:
+            # tracing off, or the task's trace dropped by the sampler, a step pays
+            # this check and two more like it (in _run_unit)
+            attempt = None if self._tracing is None else self._tracing.attempt_span(
+                task, request)
+            if attempt is None:
                 after = await self._run_unit(task, request, plan, loop, None)
             else:
-                with self._tracing.attempt(task, request) as attempt:
+                with attempt:
                     after = await self._run_unit(task, request, plan, loop, attempt)
             if after is None:
                 return

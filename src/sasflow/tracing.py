@@ -83,46 +83,52 @@ def configured() -> Tracing | None:
     provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
-    return Tracing(provider.get_tracer("sasflow"), _root_decision(provider))
+    return Tracing(provider.get_tracer("sasflow"), _task_sampler(provider))
 
 
-def _root_decision(provider: Any) -> Callable[[int], bool]:
-    """Whether the provider's sampler keeps a trace that starts with this id: asked as
-    for a root span, so that a task's spans are kept or dropped all together, by the
-    sampler the application chose (ParentBased(TraceIdRatioBased(0.01)) keeps 1%)."""
+@functools.lru_cache(maxsize=8)  # one a provider: a process's actors share its decisions
+def _task_sampler(provider: Any) -> Callable[[str], bool]:
+    """Whether the provider's sampler keeps a task's trace, asked as for a root span of
+    its trace id: so a task's spans are kept or dropped all together, by the sampler
+    the application chose (ParentBased(TraceIdRatioBased(0.01)) keeps 1%)."""
     sampler = getattr(provider, "sampler", None)  # the SDK's; another provider decides itself
     if sampler is None:
-        return lambda trace_id: True
+        return lambda task_id: True
 
-    @functools.lru_cache(maxsize=4096)  # asked at each of a task's attempts and calls
-    def sampled(trace_id: int) -> bool:
-        return bool(sampler.should_sample(None, trace_id, "task").decision.is_sampled())
+    # asked at each of a task's attempts and agent calls, by every actor of the
+    # process: a task's first question costs 2-3 µs (its id hashed, the sampler
+    # asked), the next ones a dictionary lookup
+    @functools.lru_cache(maxsize=4096)
+    def kept(task_id: str) -> bool:
+        return bool(sampler.should_sample(None, _ids(task_id)[0], "task").decision.is_sampled())
 
-    return sampled
+    return kept
 
 
 class Tracing:
     """sasflow's spans, made with `tracer`: the schedulers' attempts, the agents' calls."""
 
-    __slots__ = ("sampled", "tracer")
+    __slots__ = ("kept", "tracer")
 
     def __init__(self, tracer: Tracer,
-                 sampled: Callable[[int], bool] = lambda trace_id: True) -> None:
+                 kept: Callable[[str], bool] = lambda task_id: True) -> None:
         self.tracer = tracer
-        self.sampled = sampled  # whether a task's trace is kept (by its trace id)
-
-    def kept(self, task_id: str) -> bool:
-        """Whether the sampler keeps the spans of `task_id`'s trace."""
-        return self.sampled(_ids(task_id)[0])
+        self.kept = kept  # whether the sampler keeps the spans of a task's trace (by its id)
 
     def attempt(self, task: Task, request: Request) -> Attempt:
-        """The span of the attempt `request` makes at `task`'s current unit, started now.
+        """The span of the attempt `request` makes at `task`'s current unit, started now
+        (one that records nothing if the sampler drops the task).
 
         Entered, it becomes current and puts its ``traceparent`` in `request`, to
         be encoded with it; on exit it ends.
         """
+        return self.attempt_span(task, request) or _UNTRACED
+
+    def attempt_span(self, task: Task, request: Request) -> Attempt | None:
+        """`attempt`, or None if the sampler drops the task: a scheduler then runs the
+        attempt as with tracing off, at the cost of this one call."""
         if not self.kept(task.task_id):
-            return _UNTRACED  # a task the sampler drops costs no span at all
+            return None  # a task the sampler drops costs no span at all
         from opentelemetry.trace import SpanKind
 
         record = task.steps[task.cursor]

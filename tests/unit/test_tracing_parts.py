@@ -235,6 +235,35 @@ async def _ok(n: int) -> str:
     return "ok"
 
 
+async def test_a_process_asks_the_sampler_once_a_task_and_drops_it_without_a_span(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every actor of a process (here a scheduler's Tracing and an agent's) shares the
+    sampler's decision on a task: asked at its first attempt, not again at its agent call
+    or its next attempts. A dropped task's attempt is None (`attempt_span`): a
+    scheduler runs it as with tracing off."""
+    asked: list[int] = []
+
+    class Counting(TraceIdRatioBased):
+        def should_sample(self, parent_context: Any, trace_id: int, *args: Any,
+                          **kwargs: Any) -> Any:
+            asked.append(trace_id)
+            return super().should_sample(parent_context, trace_id, *args, **kwargs)
+
+    spans = install_provider(monkeypatch, ParentBased(Counting(0.0)))
+    scheduler_side, agent_side = tracing.configured(), tracing.configured()
+    assert scheduler_side is not None and agent_side is not None
+    for n in range(3):
+        task = msgspec.structs.replace(a_task(), task_id=f"order-{n}")
+        request = a_request(task_id=task.task_id)
+        for _ in range(2):  # two attempts at the step, each with its agent call
+            assert scheduler_side.attempt_span(task, request) is None
+            with scheduler_side.attempt(task, request) as attempt:  # the same, entered
+                attempt.replied(a_reply(ok=True))
+            await agent_side.calls(_ok, "inventory", request)(1)
+    assert asked == [int(trace_id_of(f"order-{n}"), 16) for n in range(3)]
+    assert not spans.all()
+
+
 # ---------------------------------------------------------------- an agent call's span
 
 
