@@ -26,7 +26,11 @@ measurement is kept: on a shared machine it says how noisy the sitting was.
 
 Usage: python bench/observability.py [--rounds 5] [--n 2000]
            [--styles sequential,concurrent,presubmitted] [--variants noop,sleep10ms]
-           [--modes off,metrics,tracing,both] [--sample 1.0] [--gc-freeze]
+           [--modes off,metrics,tracing,both] [--sample 1.0] [--gc-freeze] [--preload]
+
+--preload imports prometheus_client and the OpenTelemetry SDK in every mode (off
+included) before the app is made: a mode then differs from off by what its
+instrumentation does, not by what its libraries add to the process.
 Prints one JSON line; the table of medians and ratios goes to stderr.
 """
 
@@ -80,6 +84,10 @@ def _trace_into_nothing(sample: float) -> None:
 
 
 def measure(a: argparse.Namespace) -> dict[str, Any]:
+    if a.preload:
+        import opentelemetry.sdk.trace.export
+        import opentelemetry.sdk.trace.sampling  # noqa: F401
+        import prometheus_client  # noqa: F401
     traced = a.mode in ("tracing", "both")
     metered = a.mode in ("metrics", "both")
     if traced:
@@ -104,6 +112,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     result["mode"] = a.mode
     result["sample"] = a.sample
     result["gc_frozen"] = a.gc_freeze
+    result["preloaded"] = a.preload
     if metered:
         result["steps_counted"] = sum(
             made[0].metrics.registry.get_sample_value(
@@ -133,6 +142,8 @@ def main() -> None:
     ap.add_argument("--gc-freeze", action="store_true",
                     help="each child freezes its heap once the app is made (gc.freeze(), as"
                          " `sasflow worker` does), before its roles start")
+    ap.add_argument("--preload", action="store_true",
+                    help="every mode imports both libraries first (see above)")
     ap.add_argument("--budget-s", type=float, default=3000.0, help="bound for the whole run")
     ap.add_argument("--child-timeout-s", type=float, default=240.0,
                     help="bound for one measurement")
@@ -170,7 +181,8 @@ def main() -> None:
                     "--role", "one", "--mode", mode, "--n", str(a.n), "--style", style,
                     "--sleep", str(throughput.VARIANTS[variant]),
                     "--concurrency", str(a.concurrency), "--sample", str(a.sample),
-                    *(["--gc-freeze"] if a.gc_freeze else [])],
+                    *(["--gc-freeze"] if a.gc_freeze else []),
+                    *(["--preload"] if a.preload else [])],
                     timeout=min(left - 5, a.child_timeout_s))
                 result.update(round=round_no, load1=round(load, 2))
                 runs.setdefault(key, {}).setdefault(mode, []).append(result)
@@ -212,7 +224,8 @@ def summary(runs: dict[str, dict[str, list[dict[str, Any]]]], a: argparse.Namesp
     print(_table(medians), file=sys.stderr)
     return {"peer": "sasflow", "backend": "sqlite", "bench": "observability", "n": a.n,
             "rounds": a.rounds, "concurrency": a.concurrency, "sample": a.sample,
-            "note": note, "load1_median": round(statistics.median(loads), 2) if loads else None,
+            "preload": a.preload, "note": note,
+            "load1_median": round(statistics.median(loads), 2) if loads else None,
             "load1_max": max(loads, default=None), "medians": medians, "runs": runs}
 
 
