@@ -68,6 +68,16 @@ VALUES (:task_id, :workflow, :input, :state, :available_at, :reply_to, :created_
         :updated_at, :version)
 ON CONFLICT (task_id) DO NOTHING
 
+-- name: insert_claimed_task
+-- A new task as the claim planned with its submission leaves it (rows.submission_rows)
+INSERT INTO tasks (task_id, workflow, input, state, phase, cursor, locked_by, complete_by,
+                   available_at, failure_count, epoch, reply_to, created_at, updated_at,
+                   version)
+VALUES (:task_id, :workflow, :input, :state, :phase, :cursor, :locked_by, :complete_by,
+        :available_at, :failure_count, :epoch, :reply_to, :created_at, :updated_at,
+        :version)
+ON CONFLICT (task_id) DO NOTHING
+
 -- name: apply_transition
 -- The fence: the task must still have the epoch, state, owner, unit (phase and
 -- cursor) and version it was read with, and (supervisor) a complete-by that has

@@ -171,13 +171,8 @@ class SQLiteStore(SQLStore):
                              ) -> Task | None:
         def job(conn: sqlite3.Connection) -> Task | None:
             now = self.now()
-            if not writes.insert(conn, task, now):
-                return None
             claim, claimed = claimed_at_submission(rule, task, owner, now)
-            if not writes.apply(conn, claim, now, self._deferred):
-                raise StoreError(f"task {task.task_id}: its claim did not apply to it as"
-                                 " submitted", task_id=task.task_id)
-            return claimed
+            return claimed if writes.insert(conn, task, now, claim) else None
 
         return await self._writer.run(job)
 

@@ -25,8 +25,8 @@ _Q = queries.load("sqlite", "named")
 _decode = msgspec.json.decode
 # the statements of every transition and submission, bound by position (queries.py)
 _BY_POSITION = {name: queries.positional(_Q[name]) for name in (
-    "apply_transition", "insert_task", "insert_step", "upsert_step", "insert_history",
-    "insert_outbox", "insert_alert", "drop_steps")}
+    "apply_transition", "insert_task", "insert_claimed_task", "insert_step", "upsert_step",
+    "insert_history", "insert_outbox", "insert_alert", "drop_steps")}
 # the statement that writes each table's implied rows
 _WRITES: dict[Table, queries.Positional] = {
     "steps": _BY_POSITION["upsert_step"], "history": _BY_POSITION["insert_history"],
@@ -70,11 +70,17 @@ def apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: Deferre
     return True
 
 
-def insert(conn: sqlite3.Connection, task: NewTask, now: float) -> bool:
+def insert(conn: sqlite3.Connection, task: NewTask, now: float,
+           claim: Transition | None = None) -> bool:
     """Write a new task and its rows; False if it exists (TaskConflictError if it exists
-    with another workflow or input: the original stays as it was)."""
-    row, implied = submission_rows(task, now)
-    insert_task, insert_step = _BY_POSITION["insert_task"], _BY_POSITION["insert_step"]
+    with another workflow or input: the original stays as it was). With `claim` (planned
+    from the task as submitted), it is written as that claim leaves it: what a
+    submission then the claim's fenced update would write, in one insert a row."""
+    if claim is not None:
+        check_legal(claim)
+    row, implied = submission_rows(task, now, claim)
+    insert_task = _BY_POSITION["insert_task" if claim is None else "insert_claimed_task"]
+    insert_step = _BY_POSITION["insert_step"]
     if not conn.execute(insert_task.text, insert_task.values(row)).rowcount:
         found: Any = conn.execute(_Q["select_task_identity"], {"task_id": task.task_id}
                                   ).fetchone()
@@ -83,9 +89,13 @@ def insert(conn: sqlite3.Connection, task: NewTask, now: float) -> bool:
             raise TaskConflictError(f"task {task.task_id} exists with another workflow or input",
                                     task_id=task.task_id)
         return False
-    conn.executemany(insert_step.text, [insert_step.values(values) for table, values in implied
-                                        if table == "steps"])
+    # a unit the claim started has columns past a new step's: its whole row is written
+    started = set() if claim is None else {(unit.phase, unit.index) for unit in claim.units}
+    conn.executemany(insert_step.text, [
+        insert_step.values(values) for table, values in implied
+        if table == "steps" and (values["phase"], values["idx"]) not in started])
     for table, values in implied:
-        if table != "steps":  # its history row, and its first status message if any
+        if table != "steps" or (values["phase"], values["idx"]) in started:
+            # its history rows, its first status message if any, its started units
             conn.execute(_WRITES[table].text, _WRITES[table].values(values))
     return True
