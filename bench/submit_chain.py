@@ -81,11 +81,13 @@ class _Hooks:
                 hooks.submits.append((start, at.get("loop", start), at.get("put", start), _now()))
             return result
 
-        client.Client.asubmit = timed_asubmit  # type: ignore[method-assign]
-        store.SQLiteStore.submit = timed_submit  # type: ignore[method-assign]
-        store.SQLiteStore.submit_claimed = timed_submit_claimed  # type: ignore[method-assign]
-        writer.Writer._commit = timed_commit  # type: ignore[method-assign]
-        background_loop.BackgroundLoop.call = timed_call  # type: ignore[method-assign]
+        for owner, name, hook in (
+                (client.Client, "asubmit", timed_asubmit),
+                (store.SQLiteStore, "submit", timed_submit),
+                (store.SQLiteStore, "submit_claimed", timed_submit_claimed),
+                (writer.Writer, "_commit", timed_commit),
+                (background_loop.BackgroundLoop, "call", timed_call)):
+            setattr(owner, name, hook)
 
     def parts(self, skip: int) -> dict[str, list[float]]:
         """Each submission's parts, found with the transaction that committed it: the
