@@ -20,6 +20,8 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from sasflow import event_loops
+
 __all__ = ["BackgroundLoop", "answer_early", "refuse_inside_a_loop", "take_early_answer"]
 
 T = TypeVar("T")
@@ -76,7 +78,7 @@ class BackgroundLoop:
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
+                loop = event_loops.new_event_loop()  # uvloop's where installed
                 ready = threading.Event()
 
                 def serve() -> None:
@@ -115,8 +117,8 @@ class BackgroundLoop:
         answers: _Answers = queue.SimpleQueue()
         try:
             self.loop.call_soon_threadsafe(_start, coro, answers, early)
-        except RuntimeError:
-            coro.close()  # the loop is closed: it never ran
+        except BaseException:
+            coro.close()  # no loop (closed, or none could be made): it never ran
             raise
         ok, result = answers.get()
         if not ok:

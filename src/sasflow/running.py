@@ -10,6 +10,7 @@ import contextlib
 import signal
 from typing import TYPE_CHECKING, Any
 
+from sasflow import event_loops
 from sasflow.backends import Backends
 from sasflow.background_loop import BackgroundLoop
 from sasflow.declarations import Declarations
@@ -81,7 +82,7 @@ class Runner:
                 if transport is not None:
                     await transport.close()
 
-        asyncio.run(main())
+        event_loops.run(main())  # uvloop's where installed
 
     def start(self, **options: Any) -> None:
         if self._background is not None:
