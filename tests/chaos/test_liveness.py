@@ -223,8 +223,9 @@ def test_a_worker_started_while_rabbitmq_is_down_works_once_it_is_back(
         worker = world.spawn("waiting", env={NAMESPACE_ENV: namespace}, short_lease=False,
                              transport=f"amqp://guest:guest@127.0.0.1:{broker.port}/"
                                        "?queue_expires=60")
+        # its own line, whatever words the event loop gives the refusal
         wait_for("the worker to find the broker down",
-                 lambda: "Connect call failed" in worker.text(), [worker])
+                 lambda: "transport is unreachable" in worker.text(), [worker])
         broker.listen()
         app = build_app(world.store, namespace)
         try:
