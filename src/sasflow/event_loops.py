@@ -7,9 +7,9 @@ loop of `app.run()`, which `sasflow worker` runs. Their work is many small
 callbacks: a step crosses the loop several times (its request, its reply, its
 commit's answer, the wake-ups between threads). uvloop (libuv, written in Cython)
 runs those hops with less interpreter work than asyncio's pure-Python loop. On
-SQLite, one blocking submission after another went from 3,900 to 4,900 steps/s
-and 266 to 212 µs of CPU a step (docs/benchmarks.md, "sasflow's loops on
-uvloop").
+SQLite, one blocking submission after another went from 3,818 to 4,724 steps/s
+(medians) and 271 to 221 µs of CPU a step (docs/benchmarks.md, "sasflow's loops
+on uvloop").
 
 Loops an application makes itself (`asyncio.run`, a web framework's) are its
 own choice: sasflow's async API runs on either.
