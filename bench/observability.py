@@ -2,7 +2,7 @@
 
 Each measurement is one throughput row (N wf3 tasks, every role in-process on a
 fresh SQLite file, synchronous=NORMAL; see throughput.py) in a child process, in
-one of four modes:
+one of these modes:
 
   off      neither
   metrics  the roles started with `app.start(metrics=True)`: each step counted
@@ -13,6 +13,10 @@ one of four modes:
            RATIO below 1, its sampler is ParentBased(TraceIdRatioBased(RATIO)), as
            a busy deployment would trace: that share of the tasks, each whole
   both
+  both-untraced, both-untimed, both-detached
+           both, then each worker once built loses its tracing (its spans and
+           sampling checks), its agents' step timing, or both: what is left of
+           a mode's cost is then what loading and configuring costs
 
 Every mode of a row runs in each round, in an order rotated from round to
 round, so a machine that grows busier or quieter during the sitting weighs on
@@ -27,6 +31,7 @@ measurement is kept: on a shared machine it says how noisy the sitting was.
 Usage: python bench/observability.py [--rounds 5] [--n 2000]
            [--styles sequential,concurrent,presubmitted] [--variants noop,sleep10ms]
            [--modes off,metrics,tracing,both] [--sample 1.0] [--gc-freeze] [--preload]
+           (--modes also takes both-untraced, both-untimed, both-detached)
 
 --preload imports prometheus_client and the OpenTelemetry SDK in every mode (off
 included) before the app is made: a mode then differs from off by what its
@@ -51,7 +56,11 @@ import common as C
 import throughput
 from workload import AGENT
 
-MODES = ("off", "metrics", "tracing", "both")
+MODES = ("off", "metrics", "tracing", "both", "both-untraced", "both-untimed", "both-detached")
+# "both", then parts taken off each worker once built: the process otherwise as in
+# both (libraries loaded, provider and registry made, transitions counted)
+DETACHED = {"both-untraced": ("tracing",), "both-untimed": ("timing",),
+            "both-detached": ("tracing", "timing")}
 
 
 def tracing_available() -> bool:
@@ -89,10 +98,12 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         for library in ("opentelemetry.sdk.trace.export", "opentelemetry.sdk.trace.sampling",
                         "prometheus_client"):
             importlib.import_module(library)
-    traced = a.mode in ("tracing", "both")
-    metered = a.mode in ("metrics", "both")
+    traced = a.mode in ("tracing", "both") or a.mode in DETACHED
+    metered = a.mode in ("metrics", "both") or a.mode in DETACHED
     if traced:
         _trace_into_nothing(a.sample)  # before the roles start: each looks for one then
+    if a.mode in DETACHED:
+        _detach_once_built(DETACHED[a.mode])
     made: list[Any] = []
     make_app = throughput.make_app
 
@@ -127,6 +138,28 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _detach_once_built(parts: tuple[str, ...]) -> None:
+    """Each worker, once built with its instrumentation, loses `parts` of it
+    (``tracing``: its scheduler's and agents' spans and sampling checks; ``timing``:
+    the agents' step timing): a mode then differs from another by that part alone,
+    everything else made and loaded alike."""
+    from sasflow import worker
+
+    build = worker.Worker.__init__
+
+    def built(self: Any, *args: Any, **kwargs: Any) -> None:
+        build(self, *args, **kwargs)
+        if "tracing" in parts:
+            for actor in (self.scheduler, self.agents):
+                if actor is not None:
+                    actor._tracing = None
+        if "timing" in parts and self.agents is not None:
+            self.agents._metered = {}
+
+    # a bench hook on the class (mypy refuses assigning a method, on purpose)
+    worker.Worker.__init__ = built  # type: ignore[method-assign]
+
+
 # ---------------------------------------------------------------- the sitting
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
@@ -137,7 +170,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=throughput.DEFAULT_CONCURRENCY)
     ap.add_argument("--styles", default="sequential,concurrent,presubmitted")
     ap.add_argument("--variants", default="noop,sleep10ms")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default="off,metrics,tracing,both")
     ap.add_argument("--sample", type=float, default=1.0,
                     help="the share of tasks traced (a ratio sampler below 1)")
     ap.add_argument("--gc-freeze", action="store_true",
