@@ -164,15 +164,21 @@ class SQLiteStore(SQLStore):
             if created:
                 self._wake.work(self.now())
 
-        return await self._writer.run(lambda conn: writes.insert(conn, task, self.now()),
+        new = writes.submission(task, self.now())
+        return await self._writer.run(lambda conn: writes.insert(conn, new),
                                       then=tell)
 
     async def submit_claimed(self, task: NewTask, owner: str, rule: ClaimRule
                              ) -> Task | None:
+        # planned, and its rows made, before the job is queued (as PostgreSQL plans
+        # it): that work then runs while the writer finishes the transaction in
+        # progress, not after it in the submission's own
+        now = self.now()
+        claim, claimed = claimed_at_submission(rule, task, owner, now)
+        new = writes.submission(task, now, claim)
+
         def job(conn: sqlite3.Connection) -> Task | None:
-            now = self.now()
-            claim, claimed = claimed_at_submission(rule, task, owner, now)
-            return claimed if writes.insert(conn, task, now, claim) else None
+            return claimed if writes.insert(conn, new) else None
 
         return await self._writer.run(job)
 
@@ -196,7 +202,7 @@ class SQLiteStore(SQLStore):
                 connection.execute("SAVEPOINT sasflow_migrate")
                 migrations.apply_migrations(connection, scripts)
                 connection.execute("RELEASE sasflow_migrate")
-            return writes.insert(connection, task, self.now())
+            return writes.insert(connection, writes.submission(task, self.now()))
         except sqlite3.Error as error:
             raise self._store_error(error) from error
         finally:

@@ -9,7 +9,7 @@ group commit and written in bulk, one `executemany` per table.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -19,7 +19,7 @@ from sasflow.store.records import NewTask
 from sasflow.store.rows import Row, Table, check_legal, implied_rows, submission_rows, task_values
 from sasflow.transition import Transition
 
-__all__ = ["Deferred", "apply", "insert", "statements"]
+__all__ = ["Deferred", "Submission", "apply", "insert", "statements", "submission"]
 
 _Q = queries.load("sqlite", "named")
 _decode = msgspec.json.decode
@@ -70,18 +70,42 @@ def apply(conn: sqlite3.Connection, t: Transition, now: float, deferred: Deferre
     return True
 
 
-def insert(conn: sqlite3.Connection, task: NewTask, now: float,
-           claim: Transition | None = None) -> bool:
-    """Write a new task and its rows; False if it exists (TaskConflictError if it exists
-    with another workflow or input: the original stays as it was). With `claim` (planned
-    from the task as submitted), it is written as that claim leaves it: what a
-    submission then the claim's fenced update would write, in one insert a row."""
+class Submission(NamedTuple):
+    """A new task's statements and their values, made before its transaction (they
+    read nothing stored): a job then only runs them."""
+
+    task: NewTask
+    insert_task: queries.Positional
+    task_row: tuple[Any, ...]
+    new_steps: list[tuple[Any, ...]]  # pending steps, the columns a new step sets
+    rows: list[tuple[queries.Positional, tuple[Any, ...]]]  # the rest, in order
+
+
+def submission(task: NewTask, now: float, claim: Transition | None = None) -> Submission:
+    """`task` as submitted at `now`; with `claim` (planned from the task as submitted),
+    as that claim leaves it: what a submission then the claim's fenced update would
+    write, in one insert a row."""
     if claim is not None:
         check_legal(claim)
     row, implied = submission_rows(task, now, claim)
     insert_task = _BY_POSITION["insert_task" if claim is None else "insert_claimed_task"]
     insert_step = _BY_POSITION["insert_step"]
-    if not conn.execute(insert_task.text, insert_task.values(row)).rowcount:
+    # a unit the claim started has columns past a new step's: its whole row is written
+    started = set() if claim is None else {(unit.phase, unit.index) for unit in claim.units}
+    new_steps, rows = [], []
+    for table, values in implied:
+        if table == "steps" and (values["phase"], values["idx"]) not in started:
+            new_steps.append(insert_step.values(values))
+        else:  # its history rows, its first status message if any, its started units
+            rows.append((_WRITES[table], _WRITES[table].values(values)))
+    return Submission(task, insert_task, insert_task.values(row), new_steps, rows)
+
+
+def insert(conn: sqlite3.Connection, new: Submission) -> bool:
+    """Write a new task and its rows; False if it exists (TaskConflictError if it exists
+    with another workflow or input: the original stays as it was)."""
+    task = new.task
+    if not conn.execute(new.insert_task.text, new.task_row).rowcount:
         found: Any = conn.execute(_Q["select_task_identity"], {"task_id": task.task_id}
                                   ).fetchone()
         if found is not None and (found["workflow"] != task.workflow
@@ -89,13 +113,7 @@ def insert(conn: sqlite3.Connection, task: NewTask, now: float,
             raise TaskConflictError(f"task {task.task_id} exists with another workflow or input",
                                     task_id=task.task_id)
         return False
-    # a unit the claim started has columns past a new step's: its whole row is written
-    started = set() if claim is None else {(unit.phase, unit.index) for unit in claim.units}
-    conn.executemany(insert_step.text, [
-        insert_step.values(values) for table, values in implied
-        if table == "steps" and (values["phase"], values["idx"]) not in started])
-    for table, values in implied:
-        if table != "steps" or (values["phase"], values["idx"]) in started:
-            # its history rows, its first status message if any, its started units
-            conn.execute(_WRITES[table].text, _WRITES[table].values(values))
+    conn.executemany(_BY_POSITION["insert_step"].text, new.new_steps)
+    for statement, values in new.rows:
+        conn.execute(statement.text, values)
     return True
