@@ -41,6 +41,7 @@ from sasflow.outage import Outage
 from sasflow.store import queries
 from sasflow.store.postgres import migrations
 from sasflow.store.postgres.backoff import Backoff
+from sasflow.store.postgres.home_calls import HomeCalls
 
 __all__ = ["RETRIED", "Connections", "Lost"]
 
@@ -113,6 +114,7 @@ class Connections:
         self._offset_at = float("-inf")  # monotonic time of the last measurement
         self._home_lock = threading.Lock()
         self._home: asyncio.AbstractEventLoop | None = None
+        self._home_calls: HomeCalls | None = None  # other loops' calls into it
         self.pool: AsyncConnectionPool | None = None
         self._on_new_home: Callable[[], None] = lambda: None
         self._open_lock = asyncio.Lock()
@@ -164,6 +166,7 @@ class Connections:
                                                     and not home.is_running()):
                 # a new home: the old loop is gone, and its connections with it
                 self._home = home = loop
+                self._home_calls = HomeCalls(loop)
                 self.pool = AsyncConnectionPool(
                     self.conninfo, min_size=0, max_size=self.pool_size, open=False,
                     kwargs={"autocommit": True, "connect_timeout": self.connect_timeout(),
@@ -181,11 +184,9 @@ class Connections:
         home = self._home_for(loop)
         if home is loop:
             return await make()
-
-        async def there() -> _T:
-            return await make()
-
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(there(), home))
+        calls = self._home_calls
+        assert calls is not None  # made with the home
+        return await calls(make)
 
     # ------------------------------------------------------------ connections
     def connect_timeout(self) -> int:

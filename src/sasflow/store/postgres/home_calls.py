@@ -1,0 +1,149 @@
+"""Calls from other event loops, run in the pool's home loop and answered in batches.
+
+The pool lives in one loop (connections.py); a web application's loop that submits
+while the roles run in a background thread calls into it from another thread. One
+`run_coroutine_threadsafe` a call costs four thread wake-ups (there: the home
+loop's self-pipe; back: the caller's), two chained futures and a task, and each
+wake-up waits for the GIL: on the 2-core machine a submission from another loop
+took 2.3 times the CPU of one made in the home loop (docs/benchmarks.md). Here the
+calls that arrive while the home loop has not yet taken the last ones go with them,
+on one wake-up; their answers go back to each calling loop the same way.
+
+Each call runs in a copy of its caller's context (as `call_soon_threadsafe` would
+run it), and a caller cancelled while its call runs cancels that call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+__all__ = ["HomeCalls"]
+
+_T = TypeVar("_T")
+
+
+class _Call:
+    __slots__ = ("caller", "context", "future", "make", "task")
+
+    def __init__(self, make: Callable[[], Awaitable[Any]], caller: asyncio.AbstractEventLoop,
+                 future: asyncio.Future[Any]) -> None:
+        self.make = make
+        self.caller = caller
+        self.future = future  # the caller's, in the caller's loop
+        self.context = contextvars.copy_context()
+        self.task: asyncio.Future[Any] | None = None  # in the home loop, once started
+
+
+class _Mailbox:
+    """Items for one loop, taken all at once by one callback scheduled there."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, take: Callable[[list[Any]], None],
+                 undeliverable: Callable[[list[Any], RuntimeError], None]) -> None:
+        self._loop = loop
+        self._take = take
+        self._undeliverable = undeliverable
+        self._lock = threading.Lock()
+        self._items: list[Any] = []
+
+    def post(self, item: Any) -> None:
+        """Add `item`; the loop is woken only by the first item of a batch (the items
+        posted meanwhile ride on that wake-up)."""
+        with self._lock:
+            self._items.append(item)
+            if len(self._items) > 1:
+                return
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError as closed:  # the loop is closed: none of them will be taken
+            with self._lock:
+                items, self._items = self._items, []
+            self._undeliverable(items, closed)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        self._take(items)
+
+
+class HomeCalls:
+    """Runs calls from any loop in `home`, a batch of them on each wake-up."""
+
+    def __init__(self, home: asyncio.AbstractEventLoop) -> None:
+        self._home = home
+        self._inbox = _Mailbox(home, self._start, _fail)
+        self._lock = threading.Lock()
+        self._outboxes: dict[asyncio.AbstractEventLoop, _Mailbox] = {}  # by calling loop
+
+    async def __call__(self, make: Callable[[], Awaitable[_T]]) -> _T:
+        caller = asyncio.get_running_loop()
+        call = _Call(make, caller, caller.create_future())
+        self._inbox.post(call)
+        try:
+            return await call.future  # type: ignore[no-any-return]
+        except asyncio.CancelledError:
+            with contextlib.suppress(RuntimeError):  # (the home loop is closed: it never ran)
+                self._home.call_soon_threadsafe(_cancel, call)
+            raise
+
+    # ------------------------------------------------------------ in the home loop
+    def _start(self, calls: list[_Call]) -> None:
+        for call in calls:
+            if call.future.cancelled():  # (read across threads: a hint; _cancel is sure)
+                continue
+            call.task = self._home.create_task(_awaited(call.make), context=call.context)
+            call.task.add_done_callback(functools.partial(self._answer, call))
+
+    def _answer(self, call: _Call, done: asyncio.Future[Any]) -> None:
+        with self._lock:
+            outbox = self._outboxes.get(call.caller)
+            if outbox is None:  # a new caller: forget the loops that have closed
+                self._outboxes = {loop: box for loop, box in self._outboxes.items()
+                                  if not loop.is_closed()}
+                outbox = self._outboxes[call.caller] = _Mailbox(call.caller, _settle, _drop)
+        outbox.post(call)
+
+
+async def _awaited(make: Callable[[], Awaitable[_T]]) -> _T:
+    return await make()
+
+
+def _cancel(call: _Call) -> None:
+    if call.task is not None:
+        call.task.cancel()
+
+
+def _fail(calls: list[_Call], error: RuntimeError) -> None:
+    """The home loop is closed: each caller gets the error, in its loop."""
+    for call in calls:
+        with contextlib.suppress(RuntimeError):  # and the caller's too: nobody waits
+            call.caller.call_soon_threadsafe(_fail_one, call.future, error)
+
+
+def _fail_one(future: asyncio.Future[Any], error: RuntimeError) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _drop(calls: list[_Call], error: RuntimeError) -> None:
+    """The caller's loop is closed: nobody waits for these answers."""
+
+
+def _settle(calls: list[_Call]) -> None:
+    """In the caller's loop: each call's answer to its caller."""
+    for call in calls:
+        task, future = call.task, call.future
+        assert task is not None
+        if future.done():
+            continue
+        if task.cancelled():
+            future.cancel()
+        elif (error := task.exception()) is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(task.result())

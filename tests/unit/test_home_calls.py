@@ -1,0 +1,127 @@
+"""Calls from other loops into the PostgreSQL pool's home loop (home_calls.py): each
+runs in the home loop, in its caller's context, its answer or error to its caller
+alone; those that arrive together go on one wake-up; a cancelled caller cancels its
+call; a closed home loop is an error, not a wait."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from sasflow.background_loop import BackgroundLoop
+from sasflow.store.postgres import home_calls
+from sasflow.store.postgres.home_calls import HomeCalls
+
+WAIT = 60.0
+_who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+
+
+@pytest.fixture
+def home() -> Iterator[BackgroundLoop]:
+    loop = BackgroundLoop()
+    yield loop
+    loop.close()
+
+
+def calls_of(home: BackgroundLoop) -> HomeCalls:
+    return HomeCalls(home.loop)
+
+
+def test_calls_run_in_the_home_loop_each_answered_to_its_caller(home: BackgroundLoop) -> None:
+    calls = calls_of(home)
+
+    async def where(n: int) -> tuple[int, asyncio.AbstractEventLoop, str]:
+        if n == 3:
+            raise ValueError(f"call {n} refused")
+        return n, asyncio.get_running_loop(), _who.get()
+
+    async def caller() -> list[object]:
+        async def one(n: int) -> object:
+            _who.set(f"caller {n}")  # each call runs in a copy of its caller's context
+            return await calls(lambda: where(n))
+        return await asyncio.gather(*(one(n) for n in range(6)), return_exceptions=True)
+
+    answers = asyncio.run(caller())
+    assert [a if isinstance(a, Exception) else a[0] for a in answers][:3] == [0, 1, 2]
+    assert isinstance(answers[3], ValueError) and str(answers[3]) == "call 3 refused"
+    for n, answer in enumerate(answers):
+        if n != 3:
+            assert answer == (n, home.loop, f"caller {n}")
+
+
+def test_calls_that_arrive_while_the_home_loop_is_busy_go_on_one_wake_up(
+        home: BackgroundLoop, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = calls_of(home)
+    deliveries: list[int] = []
+    deliver = home_calls._Mailbox._deliver
+
+    def counted(box: home_calls._Mailbox) -> None:
+        if box is calls._inbox:
+            deliveries.append(len(box._items))
+        deliver(box)
+
+    monkeypatch.setattr(home_calls._Mailbox, "_deliver", counted)
+    busy, release = threading.Event(), threading.Event()
+
+    def hold_the_loop() -> None:
+        busy.set()
+        assert release.wait(WAIT)
+
+    home.loop.call_soon_threadsafe(hold_the_loop)
+    assert busy.wait(WAIT)
+
+    async def double(n: int) -> int:
+        return 2 * n
+
+    async def caller() -> list[int]:
+        pending = [asyncio.ensure_future(calls(lambda n=n: double(n))) for n in range(50)]
+        await asyncio.sleep(0)  # every call posted while the home loop is held
+        release.set()
+        return list(await asyncio.gather(*pending))
+
+    assert asyncio.run(caller()) == [2 * n for n in range(50)]
+    assert deliveries == [50]
+
+
+def test_a_cancelled_caller_cancels_its_call_in_the_home_loop(home: BackgroundLoop) -> None:
+    calls = calls_of(home)
+    running, cancelled = threading.Event(), threading.Event()
+
+    async def forever() -> None:
+        running.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def caller() -> None:
+        call = asyncio.ensure_future(calls(forever))
+        await asyncio.to_thread(running.wait, WAIT)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    asyncio.run(caller())
+    assert cancelled.wait(WAIT)
+
+
+def test_a_call_into_a_closed_home_loop_is_an_error(home: BackgroundLoop) -> None:
+    calls = calls_of(home)
+    home.close()
+
+    async def nothing() -> None:
+        raise AssertionError("never run")
+
+    async def caller() -> None:
+        with pytest.raises(RuntimeError):
+            await calls(nothing)
+        # and the next call is refused too, not left waiting behind the first
+        with pytest.raises(RuntimeError):
+            await calls(nothing)
+
+    asyncio.run(caller())
