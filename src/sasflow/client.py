@@ -66,6 +66,22 @@ def new_task_id() -> str:
     return f"{millis:012x}{secrets.token_hex(10)}"
 
 
+def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[..., object],
+             *args: Any) -> None:
+    """`callback(*args)` on `loop`: at once from its own thread, else handed to it. A loop
+    closed meanwhile had its scheduler stop: the task claimed for it is released by a
+    supervisor at its complete-by, as after a crash."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        callback(*args)
+        return
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args)
+
+
 class Client(Operations):
     """Submits, reads and acts on the tasks in an application's store."""
 
@@ -150,18 +166,19 @@ class Client(Operations):
         # a blocking caller (`submit`) may have the id as soon as the task is stored:
         # the store's writer gives it, the schedulers are told after
         answer_early(new.task_id)
-        claimer = self._signals.claimer(new.workflow, new.version, here=True)
+        claimer = self._signals.claimer(new.workflow, new.version)
         if claimer is None:
             await self._store.submit(new)
             self._signals.wake_schedulers()
             return new.task_id
-        # a scheduler on this loop has a slot: the task is claimed for it in the
+        # a scheduler of this process has a slot: the task is claimed for it in the
         # submission's own transaction and driven at once (no claim, no wake-up)
-        _, scheduler, rule = claimer
+        loop, scheduler, rule = claimer
         writing = asyncio.ensure_future(
             self._store.submit_claimed(new, scheduler.instance_id, rule))
         # a caller cancelled while the write is on its way still hands its task over
-        writing.add_done_callback(lambda done: self._hand_over(done, scheduler))
+        writing.add_done_callback(
+            lambda done: _on_loop(loop, self._hand_over, done, scheduler))
         await asyncio.shield(writing)
         return new.task_id
 
@@ -169,7 +186,7 @@ class Client(Operations):
         """Write `new` on the blocking submit's own connection, claimed for a scheduler of
         this process with a slot free if there is one (handed to it on its loop); False
         if the connection failed (nothing written)."""
-        claimer = self._signals.claimer(new.workflow, new.version, here=False)
+        claimer = self._signals.claimer(new.workflow, new.version)
         if claimer is None:
             if own.submit(new) is None:
                 return False
@@ -188,15 +205,12 @@ class Client(Operations):
             scheduler.unpromise()
             self._signals.wake_schedulers()
             return claimed is False
-        # (its loop closed meanwhile: the task, locked to a stopped scheduler, is
-        # released by a supervisor at its complete-by, as after a crash)
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(scheduler.adopt, claimed)
+        _on_loop(loop, scheduler.adopt, claimed)
         return True
 
     def _hand_over(self, written: asyncio.Future[Task | None], scheduler: Scheduler) -> None:
         """Give the task claimed with its submission to the scheduler it was claimed for
-        (on this loop); or give the slot back if nothing was claimed."""
+        (on its loop); or give the slot back if nothing was claimed."""
         claimed = None if written.cancelled() or written.exception() else written.result()
         if claimed is None:  # it existed (nothing was written), or the write failed
             scheduler.unpromise()

@@ -44,25 +44,21 @@ class InProcessSignals:
             with self._lock:
                 self._schedulers.remove(entry)
 
-    def claimer(self, workflow: str, version: str, *, here: bool
+    def claimer(self, workflow: str, version: str
                 ) -> tuple[asyncio.AbstractEventLoop, Scheduler, ClaimRule] | None:
         """A scheduler of this process that promises a slot to a task of `workflow` at
         `version`, claimed with its submission: its loop, itself and its rule; None if
-        none has a slot. `here`: only one on the running loop.
+        none has a slot. From any loop or thread: the submitter hands the claimed task
+        to the scheduler on its loop.
 
-        A coroutine on another loop (a web app's, beside roles in a background
-        thread) may have many submissions in flight: claimed one by one as each is
-        written, its tasks lost the batching the claim loop gives them, and ran
-        slower (0.89x with 256 in flight, docs/benchmarks.md). A blocking caller
-        submits one task at a time: it is claimed for a scheduler on any loop.
+        A web app's loop beside roles in a background thread may have many
+        submissions in flight: they reach the store's loop together (the PostgreSQL
+        store's home_calls.py), are written together, and their tasks are handed over
+        as each write commits, spared the claim that would otherwise take each
+        (docs/benchmarks.md).
         """
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:  # a blocking caller's thread
-            running = None
         with self._lock:
-            schedulers = [(loop, scheduler) for loop, scheduler in self._schedulers
-                          if loop is running or not here]
+            schedulers = list(self._schedulers)
         for loop, scheduler in schedulers:
             rule = scheduler.promise(workflow, version)
             if rule is not None:
