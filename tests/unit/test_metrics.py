@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
@@ -23,7 +24,7 @@ from sasflow.agent import AgentFunction, AgentRequest, AgentRuntime
 from sasflow.breaker import CircuitBreaker
 from sasflow.errors import ConfigurationError, PermanentError
 from sasflow.messages import Request
-from sasflow.metrics import OUTCOMES, Metrics, store_exposition
+from sasflow.metrics import OUTCOMES, STEP_BUCKETS, Metrics, store_exposition
 from sasflow.model import Phase, StepRecord, StepState, Task, TaskState, idempotency_key
 from sasflow.plan import Plan
 from sasflow.resilience import RetryPolicy
@@ -144,6 +145,36 @@ async def test_a_request_is_timed_by_how_it_ended() -> None:
         took = value(metrics, "sasflow_step_duration_seconds_sum", agent="payments",
                      outcome=outcome)
         assert took is not None and took >= 0
+
+
+def test_step_durations_are_exposed_as_the_librarys_own_histogram_would_be() -> None:
+    """The durations are kept by hand (metrics._Durations): fed the same observations,
+    including ones on each bound, the text a scrape gives is the library Histogram's,
+    bucket by bucket, sum and count (its `_created` series aside)."""
+    observed = [0.0, 0.0004, 0.001, 0.0010001, 0.0025, 0.3, 1.0, 7.5, 600.0, 601.0, 1e6]
+    metrics = Metrics()
+    metrics.step_duration.series("payments", "deadline")  # bound, never observed: all 0
+    payments = metrics.step_duration.series("payments", "ok")
+    library = CollectorRegistry()
+    histogram = Histogram("sasflow_step_duration_seconds",
+                          metrics.step_duration.describe()[0].documentation,
+                          ["agent", "outcome"], buckets=STEP_BUCKETS, registry=library)
+    histogram.labels("payments", "deadline")
+    for amount in observed:
+        payments.observe(amount)
+        histogram.labels("payments", "ok").observe(amount)
+
+    def scraped(registry: CollectorRegistry) -> list[str]:
+        return [line for line in generate_latest(registry).decode().splitlines()
+                if line.startswith("sasflow_step_duration_seconds")
+                and "_created" not in line]
+
+    ours = scraped(metrics.registry)
+    assert ours == scraped(library)
+    assert 'sasflow_step_duration_seconds_bucket{agent="payments",le="0.001",outcome="ok"} 3.0' \
+        in ours
+    assert value(metrics, "sasflow_step_duration_seconds_count", agent="payments",
+                 outcome="ok") == len(observed)
 
 
 def runtime_request(*, within: float) -> Request:
