@@ -125,7 +125,7 @@ def encode_json_value(value: Any) -> bytes:
         body = _encoder.encode(value)
     except msgspec.EncodeError as error:
         raise TypeError(str(error)) from None
-    if b"null" in body:
+    if b"null" in body and value is not None:  # (None alone is the null it wrote)
         refuse_non_finite(value)
     return body
 

@@ -146,6 +146,8 @@ def test_resubmitting_a_task_id_with_other_input_conflicts(make_app: MakeApp,
      PayloadError, "input is not JSON-serialisable"),
     (lambda app: app.submit("process-order", {"amount": float("nan")}, task_id="t"),
      PayloadError, "input"),
+    (lambda app: app.submit("process-order", float("inf"), task_id="t"),
+     PayloadError, "input"),
     (lambda app: app.submit("process-order", {"blob": "x" * 2000}, task_id="t"),
      PayloadError, "over the limit of 1000 bytes"),
     (lambda app: app.submit("process-order", {"order_id": 1}, task_id=""),
@@ -158,8 +160,8 @@ def test_resubmitting_a_task_id_with_other_input_conflicts(make_app: MakeApp,
      PayloadError, "task id must be"),
     (lambda app: app.submit("process-order", {"order_id": 1}, task_id="t", reply_to=""),
      PayloadError, "reply_to must be a queue name"),
-], ids=["unknown-workflow", "not-json", "not-a-json-number", "oversized", "empty-id",
-        "long-id", "control-char-id", "non-string-id", "empty-reply-to"])
+], ids=["unknown-workflow", "not-json", "not-a-json-number", "a-bare-infinity", "oversized",
+        "empty-id", "long-id", "control-char-id", "non-string-id", "empty-reply-to"])
 def test_bad_input_is_refused_clearly_and_writes_nothing(
         make_app: MakeApp, db_url: str, call: Callable[[App], Any], error: type[Exception],
         words: str) -> None:
