@@ -5,9 +5,11 @@ while the roles run in a background thread calls into it from another thread. On
 `run_coroutine_threadsafe` a call costs four thread wake-ups (there: the home
 loop's self-pipe; back: the caller's), two chained futures and a task, and each
 wake-up waits for the GIL: on the 2-core machine a submission from another loop
-took 2.3 times the CPU of one made in the home loop (docs/benchmarks.md). Here the
-calls that arrive while the home loop has not yet taken the last ones go with them,
-on one wake-up; their answers go back to each calling loop the same way.
+took 2.3-2.6 times the CPU of one made in the home loop. Here the calls that arrive
+while the home loop has not yet taken the last ones go with them, on one wake-up
+(45-48 of them with 256 submissions in flight); their answers go back to each
+calling loop the same way. A submission from another loop then takes 1.3 times
+the CPU of one made in the home loop (docs/benchmarks.md, bench/loop_submit.py).
 
 Each call runs in a copy of its caller's context (as `call_soon_threadsafe` would
 run it), and a caller cancelled while its call runs cancels that call.
