@@ -1,6 +1,6 @@
 """What one step's duration observation costs: prometheus_client's Histogram.observe
 (a lock twice, the bounds walked one by one) against the histogram the worker keeps
-by hand (metrics._Durations: a bisect and two additions), with the same buckets,
+by hand (durations.Durations: a bisect and two additions), with the same buckets,
 in a warm loop; nanoseconds a call, the empty call's cost taken off, median of
 --rounds.
 

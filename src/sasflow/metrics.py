@@ -23,7 +23,7 @@ with metrics on (`metrics=True`, or a `metrics_port`, which also serves them:
     sasflow_alerts_total{kind}                    task (a task moved to error), incident
     sasflow_dead_letters_total{queue}             messages dead-lettered by its consumers
 
-What a step costs: one observation in the agent (`_Durations`: a bisect and two
+What a step costs: one observation in the agent (durations.py: a bisect and two
 additions), and a check or two of each applied transition (`_Counting`). The
 durations and the breakers are made into samples only when scraped.
 
@@ -43,7 +43,6 @@ A stopped instance is not reported: it said it stopped, and holds nothing.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import logging
 import threading
@@ -59,14 +58,10 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sasflow.breaker import BreakerState, CircuitBreaker
+from sasflow.durations import Durations
 from sasflow.errors import ConfigurationError, PermanentError
 from sasflow.model import TaskState
 from sasflow.store.records import Alert, Instance
@@ -98,7 +93,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.step_duration = _Durations(
+        self.step_duration = Durations(
             "sasflow_step_duration_seconds",
             "How long an agent took over one request, its retries included, by outcome: ok,"
             " transient (it gave up), permanent (refused), deadline (the complete-by passed).",
@@ -229,69 +224,6 @@ class AgentMetrics:
             raise
         self._ok.observe(time.perf_counter() - started)
         return result
-
-
-class _Series:
-    """One labelled series of a `_Durations`: observations per bucket, and their sum."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds  # ending with +Inf
-        self.counts = [0] * len(bounds)  # per bucket, not cumulative
-        self.total = 0.0
-
-    def observe(self, amount: float) -> None:
-        # the bucket is the first whose bound is >= amount (le: less than or equal)
-        self.counts[bisect.bisect_left(self.bounds, amount)] += 1
-        self.total += amount
-
-
-class _Durations:
-    """A histogram kept by hand and made into samples when scraped (a custom collector).
-
-    prometheus_client's Histogram.observe takes a lock twice and walks the bounds
-    one by one: five to nine times what `_Series.observe` costs, paid at every step
-    (bench/observe_cost.py). The library still writes the samples. Its series are observed from one
-    thread, the loop the roles run on, so they need no lock; a scrape from the
-    HTTP server's thread copies the counts first and may miss an observation made
-    meanwhile, as the library's own histogram may.
-    """
-
-    def __init__(self, name: str, documentation: str, labels: tuple[str, ...],
-                 bounds: tuple[float, ...]) -> None:
-        self._name = name
-        self._documentation = documentation
-        self._labels = labels
-        # as the library writes them: 0.001, 1.0, +Inf
-        self._bounds = (*bounds, float("inf"))
-        self._le = ["+Inf" if bound == float("inf") else repr(bound) for bound in self._bounds]
-        self._series: dict[tuple[str, ...], _Series] = {}
-        self._lock = threading.Lock()  # making a series, not observing
-
-    def series(self, *labels: str) -> _Series:
-        """The series of these label values, made (at 0) on first use."""
-        with self._lock:
-            found = self._series.get(labels)
-            if found is None:
-                found = self._series[labels] = _Series(self._bounds)
-            return found
-
-    def describe(self) -> list[Metric]:
-        return [HistogramMetricFamily(self._name, self._documentation, labels=self._labels)]
-
-    def collect(self) -> list[Metric]:
-        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
-        with self._lock:
-            series = list(self._series.items())
-        for labels, one in series:
-            counts, total = list(one.counts), one.total
-            cumulative, buckets = 0, []
-            for le, count in zip(self._le, counts, strict=True):
-                cumulative += count
-                buckets.append((le, float(cumulative)))
-            family.add_metric(list(labels), buckets, total)
-        return [family]
 
 
 class _Counting:

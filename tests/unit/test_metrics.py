@@ -148,7 +148,7 @@ async def test_a_request_is_timed_by_how_it_ended() -> None:
 
 
 def test_step_durations_are_exposed_as_the_librarys_own_histogram_would_be() -> None:
-    """The durations are kept by hand (metrics._Durations): fed the same observations,
+    """The durations are kept by hand (durations.py): fed the same observations,
     including ones on each bound, the text a scrape gives is the library Histogram's,
     bucket by bucket, sum and count (its `_created` series aside)."""
     observed = [0.0, 0.0004, 0.001, 0.0010001, 0.0025, 0.3, 1.0, 7.5, 600.0, 601.0, 1e6]
