@@ -111,12 +111,17 @@ class Deadline:
         return self.end - time.monotonic()
 
 
-def run_child(script: str, args: list[str], timeout: float) -> dict[str, Any]:
+def run_child(script: str, args: list[str], timeout: float, *,
+              src: str | None = None) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter (no threads or caches carried over
-    from the previous one) and return the JSON line it printed."""
+    from the previous one) and return the JSON line it printed; `src`: another
+    checkout whose sasflow it imports (its `src` first on the path)."""
+    env = None
+    if src:
+        env = {**os.environ, "PYTHONPATH": os.path.join(os.path.abspath(src), "src")}
     try:
         p = subprocess.run([sys.executable, os.path.join(HERE, script), *args],
-                           capture_output=True, text=True, timeout=max(1.0, timeout))
+                           capture_output=True, text=True, timeout=max(1.0, timeout), env=env)
     except subprocess.TimeoutExpired as error:  # subprocess.run killed it (its PID)
         return {"error": f"timed out after {error.timeout:.0f}s"}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]

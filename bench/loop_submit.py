@@ -17,10 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -59,20 +55,9 @@ def measure(n: int, place: str) -> dict[str, Any]:
 
 
 def child(src: str | None, n: int, place: str, timeout: float) -> dict[str, Any]:
-    env = dict(os.environ)
-    if src:
-        env["PYTHONPATH"] = os.path.join(os.path.abspath(src), "src")
-    try:
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--role", "one",
-                            "--n", str(n), "--place", place], capture_output=True,
-                           text=True, timeout=timeout, env=env, cwd=C.HERE)
-    except subprocess.TimeoutExpired:
-        return {"place": place, "error": f"timed out after {timeout:.0f}s"}
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        return {"place": place, "error": f"rc={p.returncode}", "stderr_tail": p.stderr[-800:]}
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    result = C.run_child("loop_submit.py", ["--role", "one", "--n", str(n), "--place", place],
+                         timeout, src=src)
+    return {"place": place, **result}
 
 
 def main() -> None:
