@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -38,7 +39,7 @@ from sasflow.plan import Plan
 from sasflow.scheduler import Scheduler
 from sasflow.signals import InProcessSignals
 from sasflow.status_stream import Listening, statuses
-from sasflow.store.interfaces import Store
+from sasflow.store.interfaces import ClaimRule, Store
 from sasflow.store.listing import TaskQuery, decode_cursor
 from sasflow.store.records import Alert, HistoryEntry, Instance, NewTask
 from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Transport
@@ -64,22 +65,6 @@ def new_task_id() -> str:
     """
     millis = time.time_ns() // 1_000_000
     return f"{millis:012x}{secrets.token_hex(10)}"
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[..., object],
-             *args: Any) -> None:
-    """`callback(*args)` on `loop`: at once from its own thread, else handed to it. A loop
-    closed meanwhile had its scheduler stop: the task claimed for it is released by a
-    supervisor at its complete-by, as after a crash."""
-    try:
-        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        callback(*args)
-        return
-    with contextlib.suppress(RuntimeError):
-        loop.call_soon_threadsafe(callback, *args)
 
 
 class Client(Operations):
@@ -174,13 +159,22 @@ class Client(Operations):
         # a scheduler of this process has a slot: the task is claimed for it in the
         # submission's own transaction and driven at once (no claim, no wake-up)
         loop, scheduler, rule = claimer
+        submitting = functools.partial(self._submit_claimed, new, scheduler, rule)
+        if loop is asyncio.get_running_loop():
+            await submitting()
+        else:  # on the scheduler's loop, where the write and the hand-over (or the slot
+            # given back) outlive this caller and its loop
+            await self._signals.calls_into(loop)(submitting, outlive_caller=True)
+        return new.task_id
+
+    async def _submit_claimed(self, new: NewTask, scheduler: Scheduler,
+                              rule: ClaimRule) -> None:
+        """On `scheduler`'s loop: write `new` claimed for it, and hand it over once
+        written, even if the caller is cancelled meanwhile."""
         writing = asyncio.ensure_future(
             self._store.submit_claimed(new, scheduler.instance_id, rule))
-        # a caller cancelled while the write is on its way still hands its task over
-        writing.add_done_callback(
-            lambda done: _on_loop(loop, self._hand_over, done, scheduler))
+        writing.add_done_callback(lambda done: self._hand_over(done, scheduler))
         await asyncio.shield(writing)
-        return new.task_id
 
     def _submit_on(self, own: OwnConnection, new: NewTask) -> bool:
         """Write `new` on the blocking submit's own connection, claimed for a scheduler of
@@ -205,12 +199,15 @@ class Client(Operations):
             scheduler.unpromise()
             self._signals.wake_schedulers()
             return claimed is False
-        _on_loop(loop, scheduler.adopt, claimed)
+        # (its loop closed meanwhile: the task, locked to a stopped scheduler, is
+        # released by a supervisor at its complete-by, as after a crash)
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(scheduler.adopt, claimed)
         return True
 
     def _hand_over(self, written: asyncio.Future[Task | None], scheduler: Scheduler) -> None:
         """Give the task claimed with its submission to the scheduler it was claimed for
-        (on its loop); or give the slot back if nothing was claimed."""
+        (on this loop, its own); or give the slot back if nothing was claimed."""
         claimed = None if written.cancelled() or written.exception() else written.result()
         if claimed is None:  # it existed (nothing was written), or the write failed
             scheduler.unpromise()

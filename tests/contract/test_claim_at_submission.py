@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from sasflow import AgentRequest, App, Step, TaskState
+from sasflow.errors import UnknownTaskError
 from sasflow.store.records import HistoryEntry
 from support.backends import STORES
 
@@ -103,6 +104,40 @@ def test_a_submission_beside_a_free_scheduler_is_claimed_with_it_from_any_loop(
     for task_id in ids:
         assert app.wait(task_id, timeout=WAIT).state is TaskState.PROCESSED
     assert [claimed_with_submission(app.history(t)) for t in ids] == [True] * 6
+
+
+def test_submissions_from_another_loop_cancelled_on_their_way_lose_no_task_and_no_slot(
+        app: App) -> None:
+    """Many submissions in flight from another loop, their callers cancelled while the
+    writes are on their way (and that loop then closed): each task written still
+    reaches its scheduler and runs to the end (its step timeout is far beyond the
+    wait, so none may be left to a supervisor), and no promised slot is kept: with 8
+    slots, tasks submitted afterwards run too."""
+    started(app, concurrency=8)
+    n = 64
+
+    async def cancelled_on_their_way() -> None:
+        submissions = [asyncio.ensure_future(
+            app.asubmit("reserve", {"n": i}, task_id=f"cut-{i}")) for i in range(n)]
+        await asyncio.wait(submissions, return_when=asyncio.FIRST_COMPLETED)
+        for submission in submissions:
+            submission.cancel()
+        await asyncio.gather(*submissions, return_exceptions=True)
+
+    asyncio.run(cancelled_on_their_way())
+    written = []
+    for i in range(n):
+        try:
+            app.get(f"cut-{i}")
+        except UnknownTaskError:
+            continue
+        written.append(f"cut-{i}")
+    assert written  # at least the first to complete
+    for task_id in written:
+        assert app.wait(task_id, timeout=WAIT).state is TaskState.PROCESSED, task_id
+    later = [app.submit("reserve", {"n": i}, task_id=f"later-{i}") for i in range(16)]
+    for task_id in later:
+        assert app.wait(task_id, timeout=WAIT).state is TaskState.PROCESSED
 
 
 def test_an_async_submission_on_the_roles_loop_is_claimed_with_it(app: App) -> None:

@@ -37,11 +37,11 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from sasflow.errors import ConfigurationError, StoreError
+from sasflow.loop_calls import LoopCalls
 from sasflow.outage import Outage
 from sasflow.store import queries
 from sasflow.store.postgres import migrations
 from sasflow.store.postgres.backoff import Backoff
-from sasflow.store.postgres.home_calls import HomeCalls
 
 __all__ = ["RETRIED", "Connections", "Lost"]
 
@@ -114,7 +114,7 @@ class Connections:
         self._offset_at = float("-inf")  # monotonic time of the last measurement
         self._home_lock = threading.Lock()
         self._home: asyncio.AbstractEventLoop | None = None
-        self._home_calls: HomeCalls | None = None  # other loops' calls into it
+        self._home_calls: LoopCalls | None = None  # other loops' calls into it
         self.pool: AsyncConnectionPool | None = None
         self._on_new_home: Callable[[], None] = lambda: None
         self._open_lock = asyncio.Lock()
@@ -166,7 +166,7 @@ class Connections:
                                                     and not home.is_running()):
                 # a new home: the old loop is gone, and its connections with it
                 self._home = home = loop
-                self._home_calls = HomeCalls(loop)
+                self._home_calls = LoopCalls(loop)
                 self.pool = AsyncConnectionPool(
                     self.conninfo, min_size=0, max_size=self.pool_size, open=False,
                     kwargs={"autocommit": True, "connect_timeout": self.connect_timeout(),

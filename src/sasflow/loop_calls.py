@@ -1,18 +1,21 @@
-"""Calls from other event loops, run in the pool's home loop and answered in batches.
+"""Calls from other event loops into one loop, handed over in batches.
 
-The pool lives in one loop (connections.py); a web application's loop that submits
-while the roles run in a background thread calls into it from another thread. One
-`run_coroutine_threadsafe` a call costs four thread wake-ups (there: the home
-loop's self-pipe; back: the caller's), two chained futures and a task, and each
-wake-up waits for the GIL: on the 2-core machine a submission from another loop
-took 2.3-2.6 times the CPU of one made in the home loop. Here the calls that arrive
-while the home loop has not yet taken the last ones go with them, on one wake-up
+Two places call into a loop of another thread. A web application's loop that
+submits while the roles run in a background thread calls into the PostgreSQL
+pool's home loop (store/postgres/connections.py), and a task it submits claimed
+is written and handed over on its scheduler's loop (client.py). One
+`run_coroutine_threadsafe` a call costs four thread wake-ups (there: the loop's
+self-pipe; back: the caller's), two chained futures and a task, and each wake-up
+waits for the GIL: on the 2-core machine a submission from another loop took
+2.3-2.6 times the CPU of one made in the home loop. Here the calls that arrive
+while the loop has not yet taken the last ones go with them, on one wake-up
 (45-48 of them with 256 submissions in flight); their answers go back to each
 calling loop the same way. A submission from another loop then takes 1.3 times
 the CPU of one made in the home loop (docs/benchmarks.md, bench/loop_submit.py).
 
 Each call runs in a copy of its caller's context (as `call_soon_threadsafe` would
-run it), and a caller cancelled while its call runs cancels that call.
+run it). A caller cancelled while its call runs cancels that call, unless the call
+must outlive its caller (`outlive_caller`: a submission's write and hand-over).
 """
 
 from __future__ import annotations
@@ -25,17 +28,18 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["HomeCalls"]
+__all__ = ["LoopCalls"]
 
 _T = TypeVar("_T")
 
 
 class _Call:
-    __slots__ = ("caller", "context", "future", "make", "task")
+    __slots__ = ("caller", "context", "future", "make", "outlive_caller", "task")
 
     def __init__(self, make: Callable[[], Awaitable[Any]], caller: asyncio.AbstractEventLoop,
-                 future: asyncio.Future[Any]) -> None:
+                 future: asyncio.Future[Any], outlive_caller: bool) -> None:
         self.make = make
+        self.outlive_caller = outlive_caller
         self.caller = caller
         self.future = future  # the caller's, in the caller's loop
         self.context = contextvars.copy_context()
@@ -73,7 +77,7 @@ class _Mailbox:
         self._take(items)
 
 
-class HomeCalls:
+class LoopCalls:
     """Runs calls from any loop in `home`, a batch of them on each wake-up."""
 
     def __init__(self, home: asyncio.AbstractEventLoop) -> None:
@@ -82,21 +86,26 @@ class HomeCalls:
         self._lock = threading.Lock()
         self._outboxes: dict[asyncio.AbstractEventLoop, _Mailbox] = {}  # by calling loop
 
-    async def __call__(self, make: Callable[[], Awaitable[_T]]) -> _T:
+    async def __call__(self, make: Callable[[], Awaitable[_T]], *,
+                       outlive_caller: bool = False) -> _T:
+        """`make()`'s result, made in the home loop; `outlive_caller`: it runs to its end
+        there even if this caller is cancelled, or its loop closes, before."""
         caller = asyncio.get_running_loop()
-        call = _Call(make, caller, caller.create_future())
+        call = _Call(make, caller, caller.create_future(), outlive_caller)
         self._inbox.post(call)
         try:
             return await call.future  # type: ignore[no-any-return]
         except asyncio.CancelledError:
-            with contextlib.suppress(RuntimeError):  # (the home loop is closed: it never ran)
-                self._home.call_soon_threadsafe(_cancel, call)
+            if not outlive_caller:
+                with contextlib.suppress(RuntimeError):  # (the home loop is closed)
+                    self._home.call_soon_threadsafe(_cancel, call)
             raise
 
     # ------------------------------------------------------------ in the home loop
     def _start(self, calls: list[_Call]) -> None:
         for call in calls:
-            if call.future.cancelled():  # (read across threads: a hint; _cancel is sure)
+            # (read across threads: a hint; _cancel is sure)
+            if call.future.cancelled() and not call.outlive_caller:
                 continue
             call.task = self._home.create_task(_awaited(call.make), context=call.context)
             call.task.add_done_callback(functools.partial(self._answer, call))

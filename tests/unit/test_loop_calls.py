@@ -1,4 +1,4 @@
-"""Calls from other loops into the PostgreSQL pool's home loop (home_calls.py): each
+"""Calls from other loops into one loop (loop_calls.py): each
 runs in the home loop, in its caller's context, its answer or error to its caller
 alone; those that arrive together go on one wake-up; a cancelled caller cancels its
 call; a closed home loop is an error, not a wait."""
@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from sasflow import loop_calls
 from sasflow.background_loop import BackgroundLoop
-from sasflow.store.postgres import home_calls
-from sasflow.store.postgres.home_calls import HomeCalls
+from sasflow.loop_calls import LoopCalls
 
 WAIT = 60.0
 _who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
@@ -28,8 +28,8 @@ def home() -> Iterator[BackgroundLoop]:
     loop.close()
 
 
-def calls_of(home: BackgroundLoop) -> HomeCalls:
-    return HomeCalls(home.loop)
+def calls_of(home: BackgroundLoop) -> LoopCalls:
+    return LoopCalls(home.loop)
 
 
 def test_calls_run_in_the_home_loop_each_answered_to_its_caller(home: BackgroundLoop) -> None:
@@ -55,14 +55,14 @@ def test_calls_that_arrive_while_the_home_loop_is_busy_go_on_one_wake_up(
         home: BackgroundLoop, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = calls_of(home)
     deliveries: list[int] = []
-    deliver = home_calls._Mailbox._deliver
+    deliver = loop_calls._Mailbox._deliver
 
-    def counted(box: home_calls._Mailbox) -> None:
+    def counted(box: loop_calls._Mailbox) -> None:
         if box is calls._inbox:
             deliveries.append(len(box._items))
         deliver(box)
 
-    monkeypatch.setattr(home_calls._Mailbox, "_deliver", counted)
+    monkeypatch.setattr(loop_calls._Mailbox, "_deliver", counted)
     busy, release = threading.Event(), threading.Event()
 
     def hold_the_loop() -> None:
@@ -124,3 +124,32 @@ def test_a_call_into_a_closed_home_loop_is_an_error(home: BackgroundLoop) -> Non
             await calls(nothing)
 
     asyncio.run(caller())
+
+
+def test_a_call_made_to_outlive_its_caller_runs_to_its_end(home: BackgroundLoop) -> None:
+    """`outlive_caller`: the caller cancelled, and its loop closed, before the home loop
+    took the call, the call still runs, and to its end."""
+    calls = calls_of(home)
+    busy, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_the_loop() -> None:
+        busy.set()
+        assert release.wait(WAIT)
+
+    async def write() -> None:
+        await asyncio.sleep(0)
+        ended.set()
+
+    home.loop.call_soon_threadsafe(hold_the_loop)
+    assert busy.wait(WAIT)
+
+    async def caller() -> None:
+        call = asyncio.ensure_future(calls(write, outlive_caller=True))
+        await asyncio.sleep(0)  # posted while the home loop is held
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    asyncio.run(caller())  # the caller's loop is closed now
+    release.set()
+    assert ended.wait(WAIT)
