@@ -91,10 +91,11 @@ class LoopCalls:
         """`make()`'s result, made in the home loop; `outlive_caller`: it runs to its end
         there even if this caller is cancelled, or its loop closes, before."""
         caller = asyncio.get_running_loop()
-        call = _Call(make, caller, caller.create_future(), outlive_caller)
+        answer: asyncio.Future[_T] = caller.create_future()
+        call = _Call(make, caller, answer, outlive_caller)
         self._inbox.post(call)
         try:
-            return await call.future  # type: ignore[no-any-return]
+            return await answer
         except asyncio.CancelledError:
             if not outlive_caller:
                 with contextlib.suppress(RuntimeError):  # (the home loop is closed)
