@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Literal, ParamSpec, TypeVar
 
+from sasflow import loop_calls
 from sasflow.backends import Backends
 from sasflow.background_loop import BackgroundLoop, answer_early
 from sasflow.declarations import Declarations
@@ -164,7 +165,7 @@ class Client(Operations):
             await submitting()
         else:  # on the scheduler's loop, where the write and the hand-over (or the slot
             # given back) outlive this caller and its loop
-            await self._signals.calls_into(loop)(submitting, outlive_caller=True)
+            await loop_calls.into(loop)(submitting, outlive_caller=True)
         return new.task_id
 
     async def _submit_claimed(self, new: NewTask, scheduler: Scheduler,

@@ -28,9 +28,33 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["LoopCalls"]
+__all__ = ["LoopCalls", "into"]
 
 _T = TypeVar("_T")
+_V = TypeVar("_V")
+
+
+def _of_loop(by_loop: dict[asyncio.AbstractEventLoop, _V], loop: asyncio.AbstractEventLoop,
+             make: Callable[[], _V]) -> _V:
+    """`by_loop[loop]`, made on first use, when the loops that have closed are
+    forgotten (the caller holds the lock that guards `by_loop`)."""
+    found = by_loop.get(loop)
+    if found is None:
+        for closed in [known for known in by_loop if known.is_closed()]:
+            del by_loop[closed]
+        found = by_loop[loop] = make()
+    return found
+
+
+_into: dict[asyncio.AbstractEventLoop, LoopCalls] = {}
+_into_lock = threading.Lock()
+
+
+def into(loop: asyncio.AbstractEventLoop) -> LoopCalls:
+    """The process's calls into `loop`: one mailbox a loop, whoever calls (the
+    PostgreSQL pool's home and a scheduler's loop are often the same one)."""
+    with _into_lock:
+        return _of_loop(_into, loop, lambda: LoopCalls(loop))
 
 
 class _Call:
@@ -113,11 +137,8 @@ class LoopCalls:
 
     def _answer(self, call: _Call, done: asyncio.Future[Any]) -> None:
         with self._lock:
-            outbox = self._outboxes.get(call.caller)
-            if outbox is None:  # a new caller: forget the loops that have closed
-                self._outboxes = {loop: box for loop, box in self._outboxes.items()
-                                  if not loop.is_closed()}
-                outbox = self._outboxes[call.caller] = _Mailbox(call.caller, _settle, _drop)
+            outbox = _of_loop(self._outboxes, call.caller,
+                              lambda: _Mailbox(call.caller, _settle, _drop))
         outbox.post(call)
 
 

@@ -12,7 +12,6 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 
-from sasflow.loop_calls import LoopCalls
 from sasflow.model import claimable, terminal
 from sasflow.scheduler import Scheduler
 from sasflow.store.interfaces import ClaimRule, Store
@@ -26,7 +25,6 @@ class InProcessSignals:
         self._now = now  # the store's clock, for alerts' times
         self._lock = threading.Lock()
         self._schedulers: list[tuple[asyncio.AbstractEventLoop, Scheduler]] = []
-        self._calls: dict[asyncio.AbstractEventLoop, LoopCalls] = {}
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self.alert_callbacks: list[Callable[[Alert], None]] = []
         self._hearing: Store | None = None  # the store that tells of tasks ended elsewhere
@@ -51,7 +49,7 @@ class InProcessSignals:
         """A scheduler of this process that promises a slot to a task of `workflow` at
         `version`, claimed with its submission: its loop, itself and its rule; None if
         none has a slot. From any loop or thread: the submitter writes the task and
-        hands it over on the scheduler's loop (`calls_into`).
+        hands it over on the scheduler's loop (loop_calls.py).
 
         A web app's loop beside roles in a background thread may have many
         submissions in flight: they reach the scheduler's loop together, are written
@@ -65,16 +63,6 @@ class InProcessSignals:
             if rule is not None:
                 return loop, scheduler, rule
         return None
-
-    def calls_into(self, loop: asyncio.AbstractEventLoop) -> LoopCalls:
-        """Calls from other loops into `loop` (a scheduler's), in batches."""
-        with self._lock:
-            calls = self._calls.get(loop)
-            if calls is None:  # a new loop: forget those that have closed
-                self._calls = {known: c for known, c in self._calls.items()
-                               if not known.is_closed()}
-                calls = self._calls[loop] = LoopCalls(loop)
-            return calls
 
     def wake_schedulers(self) -> None:
         with self._lock:

@@ -36,8 +36,8 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from sasflow import loop_calls
 from sasflow.errors import ConfigurationError, StoreError
-from sasflow.loop_calls import LoopCalls
 from sasflow.outage import Outage
 from sasflow.store import queries
 from sasflow.store.postgres import migrations
@@ -114,7 +114,6 @@ class Connections:
         self._offset_at = float("-inf")  # monotonic time of the last measurement
         self._home_lock = threading.Lock()
         self._home: asyncio.AbstractEventLoop | None = None
-        self._home_calls: LoopCalls | None = None  # other loops' calls into it
         self.pool: AsyncConnectionPool | None = None
         self._on_new_home: Callable[[], None] = lambda: None
         self._open_lock = asyncio.Lock()
@@ -166,7 +165,6 @@ class Connections:
                                                     and not home.is_running()):
                 # a new home: the old loop is gone, and its connections with it
                 self._home = home = loop
-                self._home_calls = LoopCalls(loop)
                 self.pool = AsyncConnectionPool(
                     self.conninfo, min_size=0, max_size=self.pool_size, open=False,
                     kwargs={"autocommit": True, "connect_timeout": self.connect_timeout(),
@@ -184,9 +182,7 @@ class Connections:
         home = self._home_for(loop)
         if home is loop:
             return await make()
-        calls = self._home_calls
-        assert calls is not None  # made with the home
-        return await calls(make)
+        return await loop_calls.into(home)(make)
 
     # ------------------------------------------------------------ connections
     def connect_timeout(self) -> int:
