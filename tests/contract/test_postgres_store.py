@@ -28,7 +28,7 @@ from sasflow.own_connection import APPLICATION_NAME
 from sasflow.store import open_store
 from sasflow.store import queries as sql
 from sasflow.store.listing import TaskQuery
-from sasflow.store.postgres import PostgresStore
+from sasflow.store.postgres import PostgresStore, wake
 from sasflow.store.postgres.bulk import new_token, write_batch
 from sasflow.store.postgres.migrations import scripts as pg_migrations
 from sasflow.transition import Transition
@@ -500,6 +500,56 @@ async def test_a_task_ended_by_another_process_wakes_an_on_finished_subscriber(
     await ended(worker, "t-3")
     await until_heard(heard, "t-3")
     assert "t-2" not in heard
+
+
+@on_postgres
+async def test_an_end_is_written_without_waiting_for_its_notice(
+        make_store: StoreFactory, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NOTIFY that tells other processes of an ended task is sent beside the
+    writer, after the commit: a write that ends a task returns while its notice is
+    held, the notice is heard once it goes, and closing the store waits for it."""
+    waiting, worker = postgres(make_store, clock), postgres(make_store, clock)
+    heard = await heard_by(waiting, worker)
+    held, holding = asyncio.Event(), asyncio.Event()
+
+    async def held_notice(conn: psycopg.AsyncConnection[Any], task_ids: list[str]) -> None:
+        holding.set()
+        await held.wait()
+        await sent_notice(conn, task_ids)
+
+    sent_notice = wake.tell_finished
+    monkeypatch.setattr(wake, "tell_finished", held_notice)
+    async with asyncio.timeout(HANG_GUARD):
+        await ended(worker, "held")  # the write returned: its notice is not sent yet
+        await holding.wait()
+    assert "held" not in heard
+    closing = asyncio.ensure_future(worker.close())
+    held.set()
+    async with asyncio.timeout(HANG_GUARD):
+        await closing
+    await until_heard(heard, "held")
+
+
+@on_postgres
+async def test_a_notice_that_fails_loses_nothing_but_itself(
+        make_store: StoreFactory, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NOTIFY that fails (its connection gone) leaves the ended task written and
+    the writer unharmed: waiting clients find it by reading."""
+    worker = postgres(make_store, clock)
+    failed = asyncio.Event()
+
+    async def failing_notice(conn: psycopg.AsyncConnection[Any], task_ids: list[str]) -> None:
+        failed.set()
+        raise psycopg.OperationalError("the notice's connection is gone")
+
+    monkeypatch.setattr(wake, "tell_finished", failing_notice)
+    await ended(worker, "unheard")
+    async with asyncio.timeout(HANG_GUARD):
+        await failed.wait()
+    task = await worker.get("unheard")
+    assert task is not None and task.state is TaskState.CANCELLED
+    await ended(worker, "next")  # the writer goes on
+    await worker.close()
 
 
 @on_postgres

@@ -43,7 +43,7 @@ from sasflow.store.rows import Row, Table, implied_rows, submission_rows, task_v
 from sasflow.transition import Transition
 
 __all__ = ["Claimed", "Outcome", "Write", "insert_sync", "needs_transaction", "new_token",
-           "notice_parts", "write_batch", "written"]
+           "notice_parts", "tell_finished", "write_batch", "written"]
 
 
 class Claimed(msgspec.Struct, frozen=True):
@@ -141,11 +141,16 @@ def _submissions(tasks: Sequence[NewTask | Claimed], now: float, token: int
 
 
 async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write],
-                      token: int, now: float) -> list[Outcome]:
+                      token: int, now: float, *, ended: list[str] | None = None
+                      ) -> list[Outcome]:
     """Write `batch` in the caller's transaction; what became of each write, in order.
 
     The caller keeps one write per task in a batch; the statement locks the
     batch's task rows in task-id order, so two batches never deadlock.
+
+    The ids of the tasks it ended go to `ended`, for the caller to tell once the
+    write committed (`tell_finished`); without `ended` they are told here, in the
+    caller's transaction, so with its commit or not at all.
     """
     outcomes: list[Outcome] = [False] * len(batch)
     index = {write.task_id: i for i, write in enumerate(batch)}
@@ -154,7 +159,7 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
     drops = _Rows()  # what the transitions that applied drop, after
     async with conn.cursor(row_factory=dict_row) as cur:
         # tasks the transitions ended: waiting clients are told
-        applied, ended = await _apply(cur, transitions, now, token, drops)
+        applied, finished = await _apply(cur, transitions, now, token, drops)
         for task_id in applied:
             outcomes[index[task_id]] = True
         if submissions:
@@ -172,9 +177,17 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
                     outcomes[index[task.task_id]] = _identity_outcome(task, found[task.task_id])
         if drops.rows["drops"]:  # rows past the new shape's end: disjoint from those written
             await cur.execute(_Q["drop_steps"], drops.params("drops"))
-        for part in notice_parts(ended):  # (after the commit, unless the caller's
-            await cur.execute(_Q["notify_finished"], {"ids": part})  # transaction holds it)
+    if ended is None:
+        await tell_finished(conn, finished)
+    else:
+        ended.extend(finished)
     return outcomes
+
+
+async def tell_finished(conn: psycopg.AsyncConnection[Any], task_ids: Sequence[str]) -> None:
+    """Tell the listening clients of other processes that these tasks ended."""
+    for part in notice_parts(task_ids):
+        await conn.execute(_Q["notify_finished"], {"ids": part})
 
 
 async def _apply(cur: psycopg.AsyncCursor[Row], transitions: Sequence[Transition], now: float,

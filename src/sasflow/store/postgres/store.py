@@ -55,7 +55,7 @@ from sasflow.store.postgres.bulk import (
 from sasflow.store.postgres.commit import GroupCommit
 from sasflow.store.postgres.connections import Connections, Lost
 from sasflow.store.postgres.reads import GuestReads, ReadBatch
-from sasflow.store.postgres.wake import FinishedListener, listen_for_work
+from sasflow.store.postgres.wake import FinishedListener, FinishedNotices, listen_for_work
 from sasflow.store.records import NewTask
 from sasflow.store.rows import (
     Row,
@@ -92,6 +92,7 @@ class PostgresStore(SQLStore):
             self._db.reconnect_for = reconnect_for
         self.conninfo = conninfo
         self._commit: GroupCommit[Write, bool] | None = None
+        self._notices = FinishedNotices(self._db)
         self._reads: ReadBatch | None = None
         self._finished = FinishedListener(conninfo, self._db.connect_timeout())
         self._guests = GuestReads(
@@ -198,9 +199,17 @@ class PostgresStore(SQLStore):
 
     async def _write_once(self, batch: Sequence[Write], token: int, backoff: Backoff
                           ) -> list[Outcome]:
-        return await self._db.run(lambda conn: write_batch(conn, batch, token, self.now()),
-                                  transaction=needs_transaction(batch), lost="raise",
-                                  backoff=backoff)
+        ended: list[str] = []
+
+        async def job(conn: psycopg.AsyncConnection[Any]) -> list[Outcome]:
+            ended.clear()  # (run again after a conflict)
+            return await write_batch(conn, batch, token, self.now(), ended=ended)
+
+        outcomes = await self._db.run(job, transaction=needs_transaction(batch),
+                                      lost="raise", backoff=backoff)
+        if ended:
+            self._notices.tell(ended)
+        return outcomes
 
     async def _written(self, task_ids: Sequence[str], token: int, backoff: Backoff,
                        lost: Lost) -> set[str]:
@@ -338,6 +347,7 @@ class PostgresStore(SQLStore):
 
     async def close(self) -> None:
         self._commit = self._reads = None
+        await self._notices.sent()
         await asyncio.to_thread(self._finished.close)
         await self._guests.close()
         await self._db.close()

@@ -3,11 +3,12 @@ commit and never on rollback, so a listener hears only what happened.
 
 * ``sasflow_work``: whatever makes work claimable NOTIFYs, in its statement, when
   the work becomes claimable (bulk.py); `listen_for_work` wakes idle schedulers.
-* ``sasflow_finished``: once a batch that ends tasks committed, its writer NOTIFYs
-  their ids, one per line, in payloads under PostgreSQL's 8000-byte limit
+* ``sasflow_finished``: once a batch that ends tasks committed, `FinishedNotices`
+  NOTIFYs their ids, one per line, in payloads under PostgreSQL's 8000-byte limit
   (bulk.py, queries.sql notify_finished: not in the batch's own transaction,
-  where the notify lock would be held through its WAL flush);
-  `FinishedListener` tells a client's waiters, in whatever process they are.
+  where the notify lock would be held through its WAL flush), beside the writers
+  rather than in their way; `FinishedListener` tells a client's waiters, in
+  whatever process they are.
 
 A channel is the database's, not a schema's: stores of other schemas of the same
 database may be heard too, and a listener treats what it hears as a hint to read
@@ -16,6 +17,7 @@ the store, never as the truth.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -24,9 +26,10 @@ from collections.abc import Callable
 import psycopg
 
 from sasflow.store import queries
+from sasflow.store.postgres.bulk import tell_finished
 from sasflow.store.postgres.connections import Connections
 
-__all__ = ["FinishedListener", "listen_for_work"]
+__all__ = ["FinishedListener", "FinishedNotices", "listen_for_work"]
 
 log = logging.getLogger("sasflow.store.postgres")
 
@@ -125,3 +128,33 @@ class FinishedListener:
         for task_id in task_ids:
             for finished in subscribers:
                 finished(task_id)
+
+
+class FinishedNotices:
+    """Tells the waiting clients of other processes which tasks ended, once their
+    write committed, without holding up the writer: the NOTIFY is a round trip of
+    its own (0.3-0.4 ms of a single task's latency when the writer waited for it,
+    docs/benchmarks.md), and this process's own waiters are told as each write
+    returns (signals.py). A notice that fails is lost; waiting clients poll too."""
+
+    def __init__(self, db: Connections) -> None:
+        self._db = db
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def tell(self, task_ids: list[str]) -> None:
+        """Send the notice of `task_ids` on a connection of the pool (on its home loop)."""
+        notice = asyncio.get_running_loop().create_task(self._send(task_ids))
+        self._sending.add(notice)
+        notice.add_done_callback(self._sending.discard)
+
+    async def sent(self) -> None:
+        """Once every notice on its way from this loop has gone, or failed."""
+        here = asyncio.get_running_loop()
+        await asyncio.gather(*(notice for notice in self._sending if notice.get_loop() is here))
+
+    async def _send(self, task_ids: list[str]) -> None:
+        try:
+            await self._db.run(lambda conn: tell_finished(conn, task_ids), transaction=False,
+                               lost="raise")
+        except Exception as error:
+            log.debug("%d ended task(s) not told: %s", len(task_ids), error)
