@@ -29,7 +29,7 @@ from sasflow.store import open_store
 from sasflow.store import queries as sql
 from sasflow.store.listing import TaskQuery
 from sasflow.store.postgres import PostgresStore, wake
-from sasflow.store.postgres.bulk import new_token, write_batch
+from sasflow.store.postgres.bulk import new_token, tell_finished, write_batch
 from sasflow.store.postgres.migrations import scripts as pg_migrations
 from sasflow.transition import Transition
 from support.process import Process
@@ -517,7 +517,7 @@ async def test_an_end_is_written_without_waiting_for_its_notice(
         await held.wait()
         await sent_notice(conn, task_ids)
 
-    sent_notice = wake.tell_finished
+    sent_notice = tell_finished
     monkeypatch.setattr(wake, "tell_finished", held_notice)
     async with asyncio.timeout(HANG_GUARD):
         await ended(worker, "held")  # the write returned: its notice is not sent yet
