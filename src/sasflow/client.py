@@ -245,7 +245,7 @@ class Client(Operations):
         """Wait until the task reaches a terminal state; WaitTimeout if it does not."""
         try:
             self._signals.hear(self._store)
-            async with self._signals.waiting(task_id) as ended, asyncio.timeout(timeout):
+            async with self._signals.waiting(task_id) as waiter, asyncio.timeout(timeout):
                 # Every store tells of the tasks any process ends (`hear` above), so
                 # reading again is only the net for a lost notice (a datagram dropped,
                 # a listener reconnecting). At 5 ms, it read every task of more than
@@ -256,10 +256,15 @@ class Client(Operations):
                     task = await self.aget(task_id)
                     if task.terminal:
                         return task
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(poll):
-                            await ended.wait()
-                    ended.clear()
+                    while True:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(poll):
+                                await waiter.event.wait()
+                        if waiter.task is not None:  # ended by a scheduler of this
+                            return waiter.task  # process as written, while this waited
+                        waiter.event.clear()
+                        if not waiter.promised:  # (else its scheduler is writing the end)
+                            break
                     poll = min(poll * 2, 0.25)
         except TimeoutError:
             raise WaitTimeout(f"task {task_id} did not finish within {timeout}s",

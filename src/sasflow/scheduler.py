@@ -20,9 +20,10 @@ from collections.abc import Callable, Mapping
 
 from sasflow import tracing
 from sasflow.errors import PayloadError, StoreError
+from sasflow.handover import NO_HANDOVER, Handover, no_waiters
 from sasflow.logs import log_context, log_step
 from sasflow.messages import Reply, Request, decode_reply, encode_within
-from sasflow.model import Phase, Task, TaskState
+from sasflow.model import Phase, Task, TaskState, terminal
 from sasflow.outage import Repeats
 from sasflow.plan import Plan
 from sasflow.store.interfaces import ClaimRule, Store
@@ -50,13 +51,17 @@ _GATHER_S = 0.002
 class Scheduler:
     def __init__(self, store: Store, transport: Transport, plans: Mapping[str, Plan], *,
                  instance_id: str, concurrency: int = 64,
-                 on_applied: Callable[[Transition], None] = lambda t: None) -> None:
+                 on_applied: Callable[[Transition], None] = lambda t: None,
+                 ending: Callable[[str], Handover] = no_waiters) -> None:
         self.store = store
         self.transport = transport
         self.plans = plans
         self.instance_id = instance_id
         self.concurrency = concurrency
         self.on_applied = on_applied
+        # asked before a task's ending transition is written: who is handed the
+        # ended task (the waiting clients of this process, signals.py)
+        self.ending = ending
         self.reply_queue = reply_queue(instance_id)
         self._held: dict[str, Task] = {}  # the tasks this instance drives, by id
         self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply | None]]] = {}
@@ -301,13 +306,21 @@ class Scheduler:
         # held as it will be once the write applies: a stop that comes while the write
         # is on its way (and commits) releases the task from there
         task = self._held[task.task_id] = applied(task, transition)
-        if not await self.store.apply(transition):
+        handover = self.ending(task.task_id) if terminal(transition.state) else NO_HANDOVER
+        try:
+            written = await self.store.apply(transition)
+        except BaseException:
+            handover.dropped()
+            raise
+        if not written:
+            handover.dropped()
             if attempt is not None:
                 attempt.taken_away()
             log.info("task %s was taken away (epoch %s): letting go", task.task_id,
                      transition.epoch)
             self._held.pop(task.task_id, None)
             return None
+        handover.written(task)
         self.on_applied(transition)
         return task
 
@@ -356,6 +369,8 @@ def _refused(request: Request, error: str) -> Reply:
     log.error("%s/%s: %s", request.task_id, request.step, error)
     return Reply(task_id=request.task_id, step=request.step, phase=request.phase,
                  epoch=request.epoch, ok=False, error=error, permanent=True)
+
+
 
 
 def _give_up(future: asyncio.Future[Reply | None]) -> None:

@@ -1,7 +1,8 @@
 """Signals between an application's client and the workers running in its own
 process: a submission is claimed with its write by a scheduler on the same loop
 that has a slot free, or else wakes the schedulers; a terminal state wakes the waiters,
-an alert reaches the `on_alert` callbacks. Across processes the store carries
+and the scheduler that wrote it hands them the ended task (handover.py); an alert
+reaches the `on_alert` callbacks. Across processes the store carries
 what it can (`Store.watch` for schedulers, `Store.on_finished` for waiters: the
 SQLite store's wake channel); polling the store is the safety net."""
 
@@ -11,21 +12,25 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 
-from sasflow.model import claimable, terminal
+import msgspec
+
+from sasflow.handover import NO_HANDOVER, Handover
+from sasflow.model import Task, claimable, terminal
 from sasflow.scheduler import Scheduler
 from sasflow.store.interfaces import ClaimRule, Store
 from sasflow.store.records import Alert
 from sasflow.transition import Transition
 
-__all__ = ["InProcessSignals"]
+__all__ = ["InProcessSignals", "Waiter"]
 
 class InProcessSignals:
     def __init__(self, now: Callable[[], float]) -> None:
         self._now = now  # the store's clock, for alerts' times
         self._lock = threading.Lock()
         self._schedulers: list[tuple[asyncio.AbstractEventLoop, Scheduler]] = []
-        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._waiters: dict[str, list[Waiter]] = {}
         self.alert_callbacks: list[Callable[[Alert], None]] = []
         self._hearing: Store | None = None  # the store that tells of tasks ended elsewhere
 
@@ -71,20 +76,34 @@ class InProcessSignals:
             _soon(loop, scheduler.wake)
 
     @contextlib.asynccontextmanager
-    async def waiting(self, task_id: str) -> AsyncIterator[asyncio.Event]:
-        """An event set when a worker of this process ends `task_id`."""
-        entry = (asyncio.get_running_loop(), asyncio.Event())
+    async def waiting(self, task_id: str) -> AsyncIterator[Waiter]:
+        """A waiter told when `task_id` ends (`Waiter`)."""
+        waiter = Waiter(asyncio.get_running_loop())
         with self._lock:
-            self._waiters.setdefault(task_id, []).append(entry)
+            self._waiters.setdefault(task_id, []).append(waiter)
         try:
-            yield entry[1]
+            yield waiter
         finally:
             with self._lock:
                 waiters = self._waiters.get(task_id, [])
                 with contextlib.suppress(ValueError):
-                    waiters.remove(entry)
+                    waiters.remove(waiter)
                 if not waiters:
                     self._waiters.pop(task_id, None)
+
+    def ending(self, task_id: str) -> Handover:
+        """Called by a scheduler of this process before it writes the transition that
+        ends `task_id`: the waiters there are now, to be handed the task once the
+        write applied. The ended task is then the row the store holds
+        (transition.applied), and these waiters waited from before it was written, so
+        it is a state of the task while they waited: a read would tell them no more.
+        Until the scheduler says, a waiter woken by the store's notice of the end
+        waits for the task rather than reading it; waiters that come later read."""
+        with self._lock:
+            waiters = list(self._waiters.get(task_id, ()))
+            for waiter in waiters:
+                waiter.promised += 1
+        return _Handover(waiters) if waiters else NO_HANDOVER
 
     def hear(self, store: Store) -> None:
         """Have `store` tell the waiters of tasks that other processes end (once per
@@ -99,8 +118,8 @@ class InProcessSignals:
         """`task_id` ended, in this process or (told by the store) in another."""
         with self._lock:
             waiters = list(self._waiters.get(task_id, ()))
-        for loop, event in waiters:
-            _soon(loop, event.set)
+        for waiter in waiters:
+            _soon(waiter.loop, waiter.event.set)
 
     def alerted(self, alert: Alert) -> None:
         """An alert raised in this process: a task's (E8) or an incident's (R4)."""
@@ -117,6 +136,49 @@ class InProcessSignals:
             self.wake_schedulers()
         if terminal(transition.state):
             self.finished(transition.task_id)
+
+
+class Waiter:
+    """A client waiting for a task to end, on its own loop: `event` is set when a
+    worker of this process ends it (or the store tells of another's); `task` holds
+    the ended task once its scheduler handed it over, and `promised` counts the
+    handovers on their way (signals.ending)."""
+
+    __slots__ = ("event", "loop", "promised", "task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.event = asyncio.Event()
+        self.task: Task | None = None
+        self.promised = 0
+
+    def _handed(self, task: Task | None) -> None:
+        """(On its loop.) The end written (`task`), or not (None)."""
+        self.promised -= 1
+        if task is not None:
+            self.task = task
+        self.event.set()
+
+
+class _Handover:
+    def __init__(self, waiters: list[Waiter]) -> None:
+        self._waiters = waiters
+
+    def written(self, task: Task) -> None:
+        for waiter in self._waiters:  # each its own copy: callers may change theirs
+            _soon(waiter.loop, partial(waiter._handed, _copy(task)))
+
+    def dropped(self) -> None:
+        for waiter in self._waiters:
+            _soon(waiter.loop, partial(waiter._handed, None))
+
+
+def _copy(task: Task) -> Task:
+    return _decode_task(_encode(task))
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_task = msgspec.msgpack.Decoder(Task).decode
 
 
 def _soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:

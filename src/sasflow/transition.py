@@ -32,7 +32,8 @@ import msgspec
 from sasflow.fields import copier
 from sasflow.model import CompensationRecord, Phase, StepRecord, StepState, Task, TaskState
 
-__all__ = ["LeaseFence", "Transition", "UnitChange", "applied", "put_unit", "unit_of"]
+__all__ = ["LeaseFence", "Transition", "UnitChange", "applied", "put_unit", "unit_of",
+           "written_at"]
 
 
 class UnitChange(msgspec.Struct, kw_only=True):
@@ -104,6 +105,10 @@ class Transition(msgspec.Struct, kw_only=True):
     alert: str | None = None
     alert_step: str | None = None
     alert_agent: str | None = None
+    # when it was decided (the planner's now, on the store's clock): the task's
+    # updated_at and the time of its history once written, so the snapshot `applied`
+    # makes is the row the store holds; None: the time the store writes it
+    at: float | None = None
 
     @property
     def claim(self) -> bool:
@@ -127,7 +132,12 @@ def applied(task: Task, t: Transition) -> Task:
         task, state=t.state, phase=t.phase, cursor=t.cursor, locked_by=t.locked_by,
         complete_by=t.complete_by, available_at=t.available_at,
         failure_count=t.failure_count, error=t.error, epoch=t.new_epoch, version=t.version,
-        steps=steps)
+        updated_at=task.updated_at if t.at is None else t.at, steps=steps)
+
+
+def written_at(t: Transition, now: float) -> float:
+    """The time the store writes for `t`, applied at `now`."""
+    return now if t.at is None else t.at
 
 
 def unit_of(record: StepRecord | CompensationRecord, *, index: int, phase: Phase,

@@ -83,7 +83,7 @@ class Drafting:
             failure_count=task.failure_count,
             error=None if state is TaskState.PROCESSED else task.error,
             new_epoch=fence.epoch + fence.claim, version=task.version,
-            units=units or [], events=events or [], reply_to=task.reply_to)
+            units=units or [], events=events or [], reply_to=task.reply_to, at=now)
 
     def _error(self, task: Task, fence: Fence, actor: str, now: float,
                units: list[UnitChange], message: str) -> Transition:

@@ -34,7 +34,7 @@ from sasflow.model import (
 )
 from sasflow.store import columns
 from sasflow.store.records import Alert, Instance, NewTask, submitted
-from sasflow.transition import Transition, UnitChange, applied
+from sasflow.transition import Transition, UnitChange, applied, written_at
 from sasflow.transport.dead_letter import DeadLetter
 from sasflow.workflow import workflow_version
 
@@ -191,6 +191,7 @@ def task_values(t: Transition, now: float) -> Row:
     id, epoch, state, owner, unit, version, expired-before, and the lease's name,
     holder and epoch, None when the writer holds no lease)."""
     lease = t.lease
+    now = written_at(t, now)
     # (the states and phases are str enums: each is its value already)
     return {"state": t.state, "phase": t.phase, "cursor": t.cursor,
             "locked_by": t.locked_by, "complete_by": t.complete_by,
@@ -213,6 +214,7 @@ def _history(task_id: str, now: float, actor: str, epoch: int, from_state: str |
 
 def implied_rows(t: Transition, now: float) -> Iterator[tuple[Table, Row]]:
     """The unit, history, outbox and alert rows an applied transition writes."""
+    now = written_at(t, now)
     epoch = t.new_epoch
     if t.steps_from is not None:  # a migration to a shorter shape (disjoint from its units)
         yield "drop", {"task_id": t.task_id, "idx": t.steps_from}

@@ -50,7 +50,7 @@ from sasflow.store.rows import (
     implied_rows,
     status_row,
 )
-from sasflow.transition import Transition, applied
+from sasflow.transition import Transition, applied, written_at
 
 __all__ = ["MemoryStore"]
 
@@ -187,7 +187,7 @@ class MemoryStore(Tables, Deliveries):
                 return False
         # copied in, as a SQL store encodes the results it writes
         t = _decode(encode(t), type=Transition)
-        stored.task = msgspec.structs.replace(applied(task, t), updated_at=now)
+        stored.task = msgspec.structs.replace(applied(task, t), updated_at=written_at(t, now))
         for table, row in implied_rows(t, now):
             if table == "history":
                 data.history.append(HistoryEntry(**row))

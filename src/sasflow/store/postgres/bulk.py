@@ -40,7 +40,7 @@ from sasflow.model import claimable, terminal
 from sasflow.store import columns, queries
 from sasflow.store.records import NewTask
 from sasflow.store.rows import Row, Table, implied_rows, submission_rows, task_values
-from sasflow.transition import Transition
+from sasflow.transition import Transition, written_at
 
 __all__ = ["Claimed", "Outcome", "Write", "insert_sync", "needs_transaction", "new_token",
            "notice_parts", "tell_finished", "write_batch", "written"]
@@ -133,8 +133,11 @@ def _submissions(tasks: Sequence[NewTask | Claimed], now: float, token: int
                  ) -> dict[str, str]:
     rows = _Rows()
     for write in tasks:
-        row, implied = submission_rows(
-            _new(write), now, write.claim if isinstance(write, Claimed) else None)
+        # a task claimed with its submission is written as of its claim's planning,
+        # so the claimed snapshot its scheduler holds is the row
+        row, implied = submission_rows(_new(write), now, None) if isinstance(
+            write, NewTask) else submission_rows(write.task, written_at(write.claim, now),
+                                                 write.claim)
         rows.add("tasks", {**row, "last_write": token})
         rows.add_implied(implied)
     return rows.params("tasks", "steps", "history", "outbox")

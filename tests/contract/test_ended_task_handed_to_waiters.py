@@ -1,0 +1,164 @@
+"""A client waiting for a task that a scheduler of its own process ends is handed
+the ended task as the write left it, with no read of the store after it
+(signals.py `ending`, scheduler.py, client.py `await_`), on every store.
+
+The proof has two halves: the task handed over equals what the store then reads,
+field for field (its `updated_at` and every step's result and error included),
+and the waiter read the store only once, before the task ended. A waiter that
+comes after the end reads the store, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sasflow import AgentRequest, App, PermanentError, Step, Task, TaskState, client
+from sasflow.model import terminal
+from sasflow.transition import Transition
+from support.backends import STORES
+
+STEP_TIMEOUT = 600.0  # nothing here is about a step running out of time
+WAIT = 60.0
+
+
+@pytest.fixture(params=sorted(STORES))
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return STORES[request.param](tmp_path)
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    made = threading.Event()
+    yield made
+    made.set()
+
+
+@pytest.fixture
+def app(store_url: str, gate: threading.Event) -> Iterator[App]:
+    made = App(store=store_url)
+
+    @made.agent("gate")
+    def held(req: AgentRequest) -> dict[str, Any]:
+        assert gate.wait(WAIT)
+        return {"opened": True, "n": req.input["n"], "ratio": 0.1}
+
+    @held.compensator
+    def release(req: AgentRequest) -> dict[str, Any]:
+        return {"released": req.result["n"]}
+
+    @made.agent("inventory")
+    def reserve(req: AgentRequest) -> dict[str, Any]:
+        if req.input["n"] < 0:
+            raise PermanentError(f"cannot reserve {req.input['n']} items")
+        return {"reserved": req.input["n"], "items": ["a", "b"], "none": None}
+
+    made.workflow("gated", steps=[
+        Step("hold", agent="gate", timeout=STEP_TIMEOUT),
+        Step("reserve", agent="inventory", timeout=STEP_TIMEOUT)])
+    made.workflow("gated-or-error", on_failure="error", steps=[
+        Step("hold", agent="gate", timeout=STEP_TIMEOUT),
+        Step("reserve", agent="inventory", timeout=STEP_TIMEOUT)])
+    made.start()
+    yield made
+    made.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiter reads once, then waits to be told: its reads now and then (the net
+    for a lost notice) would race the end they are here to tell apart."""
+    monkeypatch.setattr(client, "_FIRST_LOOK_S", WAIT)
+
+
+def counting_reads(app: App) -> list[TaskState]:
+    """The states `app.aget` reads from now on (what `await_` reads the store with)."""
+    reads: list[TaskState] = []
+    read: Callable[[str], Awaitable[Task]] = app.aget
+
+    async def counted(task_id: str) -> Task:
+        task = await read(task_id)
+        reads.append(task.state)
+        return task
+
+    app.aget = counted  # type: ignore[method-assign]  # a spy on this one app
+    return reads
+
+
+async def until(check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(WAIT):
+        while not check():
+            await asyncio.sleep(0.001)
+
+
+@pytest.mark.parametrize(("workflow", "n", "ending"), [
+    ("gated", 3, TaskState.PROCESSED),
+    ("gated", -1, TaskState.COMPENSATED),  # the first step undone
+    ("gated-or-error", -1, TaskState.ERROR)])
+async def test_a_waiter_is_handed_the_ended_task_as_the_store_holds_it(
+        app: App, gate: threading.Event, workflow: str, n: int, ending: TaskState) -> None:
+    task_id = await app.asubmit(workflow, {"n": n})
+    reads = counting_reads(app)
+    waiting = asyncio.ensure_future(app.await_(task_id, timeout=WAIT))
+    await until(lambda: len(reads) == 1)  # waiting, the task not ended
+    gate.set()
+    handed = await waiting
+    assert len(reads) == 1 and not terminal(reads[0])  # handed over: no read of the end
+    stored = await app.aget(task_id)
+    assert handed.state is ending
+    assert handed == stored
+
+
+async def test_each_waiter_has_its_own_copy(app: App, gate: threading.Event) -> None:
+    task_id = await app.asubmit("gated", {"n": 1})
+    reads = counting_reads(app)
+    waiting = [asyncio.ensure_future(app.await_(task_id, timeout=WAIT)) for _ in range(2)]
+    await until(lambda: len(reads) == 2)
+    gate.set()
+    first, second = await asyncio.gather(*waiting)
+    assert len(reads) == 2 and not any(terminal(state) for state in reads)
+    assert first == second
+    assert first.steps[1].result is not second.steps[1].result
+    first.steps[1].result["reserved"] = 99
+    assert second.steps[1].result["reserved"] == 1
+
+
+async def test_a_waiter_after_the_end_reads_the_store(app: App, gate: threading.Event) -> None:
+    gate.set()
+    task_id = await app.asubmit("gated", {"n": 2})
+    done = await app.await_(task_id, timeout=WAIT)
+    reads = counting_reads(app)
+    again = await app.await_(task_id, timeout=WAIT)
+    assert reads == [TaskState.PROCESSED]
+    assert again == done == await app.aget(task_id)
+
+
+async def test_an_end_not_written_is_read(app: App, gate: threading.Event) -> None:
+    """The scheduler's ending write finds the task changed (an operator cancelled it
+    meanwhile) and writes nothing: the waiters it would have handed the task to are
+    told so, and read what the store holds."""
+    store = app._store
+    apply = store.apply
+
+    async def cancelled_first(transition: Transition) -> bool:
+        if terminal(transition.state):  # the scheduler's end, about to be written
+            task = await store.get(transition.task_id)
+            assert task is not None
+            assert await apply(app._plans()[task.workflow].cancel(task, store.now()))
+        return await apply(transition)
+
+    task_id = await app.asubmit("gated", {"n": 4})
+    reads = counting_reads(app)
+    waiting = asyncio.ensure_future(app.await_(task_id, timeout=WAIT))
+    await until(lambda: len(reads) == 1)
+    store.apply = cancelled_first  # type: ignore[method-assign]  # for this one task
+    gate.set()
+    ended = await waiting
+    assert ended.state is TaskState.CANCELLED
+    assert reads[-1] is TaskState.CANCELLED  # read, not handed over
+    assert ended == await app.aget(task_id)
