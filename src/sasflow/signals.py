@@ -78,7 +78,7 @@ class InProcessSignals:
     @contextlib.asynccontextmanager
     async def waiting(self, task_id: str) -> AsyncIterator[Waiter]:
         """A waiter told when `task_id` ends (`Waiter`)."""
-        waiter = Waiter(asyncio.get_running_loop())
+        waiter = Waiter(asyncio.get_running_loop(), self._lock)
         with self._lock:
             self._waiters.setdefault(task_id, []).append(waiter)
         try:
@@ -144,17 +144,19 @@ class Waiter:
     the ended task once its scheduler handed it over, and `promised` counts the
     handovers on their way (signals.ending)."""
 
-    __slots__ = ("event", "loop", "promised", "task")
+    __slots__ = ("_lock", "event", "loop", "promised", "task")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, lock: threading.Lock) -> None:
         self.loop = loop
+        self._lock = lock  # the signals' own: `ending` counts a promise under it
         self.event = asyncio.Event()
         self.task: Task | None = None
         self.promised = 0
 
     def _handed(self, task: Task | None) -> None:
         """(On its loop.) The end written (`task`), or not (None)."""
-        self.promised -= 1
+        with self._lock:
+            self.promised -= 1
         if task is not None:
             self.task = task
         self.event.set()
