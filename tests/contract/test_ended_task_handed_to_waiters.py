@@ -76,24 +76,36 @@ def no_polling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(client, "_FIRST_LOOK_S", WAIT)
 
 
-def counting_reads(app: App) -> list[TaskState]:
-    """The states `app.aget` reads from now on (what `await_` reads the store with)."""
-    reads: list[TaskState] = []
+class Reads(list[TaskState]):
+    """The states `app.aget` reads (what `await_` reads the store with), as they come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.came = asyncio.Event()
+
+    def add(self, state: TaskState) -> None:
+        self.append(state)
+        self.came.set()
+
+    async def at_least(self, count: int) -> None:
+        async with asyncio.timeout(WAIT):
+            while len(self) < count:
+                self.came.clear()
+                await self.came.wait()
+
+
+def counting_reads(app: App, monkeypatch: pytest.MonkeyPatch) -> Reads:
+    """A spy on this one app's reads from now on."""
+    reads = Reads()
     read: Callable[[str], Awaitable[Task]] = app.aget
 
     async def counted(task_id: str) -> Task:
         task = await read(task_id)
-        reads.append(task.state)
+        reads.add(task.state)
         return task
 
-    app.aget = counted  # type: ignore[method-assign]  # a spy on this one app
+    monkeypatch.setattr(app, "aget", counted)
     return reads
-
-
-async def until(check: Callable[[], bool]) -> None:
-    async with asyncio.timeout(WAIT):
-        while not check():
-            await asyncio.sleep(0.001)
 
 
 @pytest.mark.parametrize(("workflow", "n", "ending"), [
@@ -101,11 +113,12 @@ async def until(check: Callable[[], bool]) -> None:
     ("gated", -1, TaskState.COMPENSATED),  # the first step undone
     ("gated-or-error", -1, TaskState.ERROR)])
 async def test_a_waiter_is_handed_the_ended_task_as_the_store_holds_it(
-        app: App, gate: threading.Event, workflow: str, n: int, ending: TaskState) -> None:
+        app: App, gate: threading.Event, workflow: str, n: int, ending: TaskState,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     task_id = await app.asubmit(workflow, {"n": n})
-    reads = counting_reads(app)
+    reads = counting_reads(app, monkeypatch)
     waiting = asyncio.ensure_future(app.await_(task_id, timeout=WAIT))
-    await until(lambda: len(reads) == 1)  # waiting, the task not ended
+    await reads.at_least(1)  # waiting, the task not ended
     gate.set()
     handed = await waiting
     assert len(reads) == 1 and not terminal(reads[0])  # handed over: no read of the end
@@ -114,11 +127,12 @@ async def test_a_waiter_is_handed_the_ended_task_as_the_store_holds_it(
     assert handed == stored
 
 
-async def test_each_waiter_has_its_own_copy(app: App, gate: threading.Event) -> None:
+async def test_each_waiter_has_its_own_copy(app: App, gate: threading.Event,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     task_id = await app.asubmit("gated", {"n": 1})
-    reads = counting_reads(app)
+    reads = counting_reads(app, monkeypatch)
     waiting = [asyncio.ensure_future(app.await_(task_id, timeout=WAIT)) for _ in range(2)]
-    await until(lambda: len(reads) == 2)
+    await reads.at_least(2)
     gate.set()
     first, second = await asyncio.gather(*waiting)
     assert len(reads) == 2 and not any(terminal(state) for state in reads)
@@ -128,17 +142,19 @@ async def test_each_waiter_has_its_own_copy(app: App, gate: threading.Event) -> 
     assert second.steps[1].result["reserved"] == 1
 
 
-async def test_a_waiter_after_the_end_reads_the_store(app: App, gate: threading.Event) -> None:
+async def test_a_waiter_after_the_end_reads_the_store(app: App, gate: threading.Event,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     gate.set()
     task_id = await app.asubmit("gated", {"n": 2})
     done = await app.await_(task_id, timeout=WAIT)
-    reads = counting_reads(app)
+    reads = counting_reads(app, monkeypatch)
     again = await app.await_(task_id, timeout=WAIT)
     assert reads == [TaskState.PROCESSED]
     assert again == done == await app.aget(task_id)
 
 
-async def test_an_end_not_written_is_read(app: App, gate: threading.Event) -> None:
+async def test_an_end_not_written_is_read(app: App, gate: threading.Event,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The scheduler's ending write finds the task changed (an operator cancelled it
     meanwhile) and writes nothing: the waiters it would have handed the task to are
     told so, and read what the store holds."""
@@ -153,10 +169,10 @@ async def test_an_end_not_written_is_read(app: App, gate: threading.Event) -> No
         return await apply(transition)
 
     task_id = await app.asubmit("gated", {"n": 4})
-    reads = counting_reads(app)
+    reads = counting_reads(app, monkeypatch)
     waiting = asyncio.ensure_future(app.await_(task_id, timeout=WAIT))
-    await until(lambda: len(reads) == 1)
-    store.apply = cancelled_first  # type: ignore[method-assign]  # for this one task
+    await reads.at_least(1)
+    monkeypatch.setattr(store, "apply", cancelled_first)  # for this one task
     gate.set()
     ended = await waiting
     assert ended.state is TaskState.CANCELLED
