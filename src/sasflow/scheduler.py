@@ -371,8 +371,6 @@ def _refused(request: Request, error: str) -> Reply:
                  epoch=request.epoch, ok=False, error=error, permanent=True)
 
 
-
-
 def _give_up(future: asyncio.Future[Reply | None]) -> None:
     """The unit's complete-by passed without a reply."""
     if not future.done():

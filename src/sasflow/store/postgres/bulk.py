@@ -3,8 +3,9 @@
 `write_batch` applies a batch that the group commit (commit.py) gathered, as one
 statement (apply_transitions or insert_tasks, postgres/queries.sql) that applies
 the fences, writes the rows implied by what applied and NOTIFYs idle schedulers
-of work released or submitted; then, in a statement of its own once that one
-committed, it NOTIFYs waiting clients of the tasks it ended (notify_finished).
+of work released or submitted; it answers the tasks it ended, which a statement
+of its own tells waiting clients once that one committed (`tell_finished`,
+notify_finished; the store sends it beside its writers, wake.FinishedNotices).
 Each kind of row travels as ONE parameter, a JSON array of row arrays in the
 column order of columns.py (msgspec encodes it in C, where psycopg would adapt
 arrays value by value in Python). One statement is a
@@ -133,11 +134,12 @@ def _submissions(tasks: Sequence[NewTask | Claimed], now: float, token: int
                  ) -> dict[str, str]:
     rows = _Rows()
     for write in tasks:
-        # a task claimed with its submission is written as of its claim's planning,
-        # so the claimed snapshot its scheduler holds is the row
-        row, implied = submission_rows(_new(write), now, None) if isinstance(
-            write, NewTask) else submission_rows(write.task, written_at(write.claim, now),
-                                                 write.claim)
+        if isinstance(write, Claimed):  # written as of its claim, so the snapshot its
+            # scheduler holds is the row (transition.applied)
+            row, implied = submission_rows(write.task, written_at(write.claim, now),
+                                           write.claim)
+        else:
+            row, implied = submission_rows(write, now)
         rows.add("tasks", {**row, "last_write": token})
         rows.add_implied(implied)
     return rows.params("tasks", "steps", "history", "outbox")
