@@ -252,10 +252,16 @@ class Client(Operations):
                 # 5 ms once more, in the middle of its steps: 0.7-1.5 ms of a task's
                 # p50 over a broker (docs/benchmarks.md)
                 poll = _FIRST_LOOK_S
+                # driven by a scheduler of this process, whose end is not yet begun:
+                # it will hand the end over, or say it let go, so the first read
+                # (a round trip, on the loop the scheduler needs) can wait till then
+                read = not waiter.driven_here
                 while True:
-                    task = await self.aget(task_id)
-                    if task.terminal:
-                        return task
+                    if read:
+                        task = await self.aget(task_id)
+                        if task.terminal:
+                            return task
+                    read = True
                     while True:
                         with contextlib.suppress(TimeoutError):
                             async with asyncio.timeout(poll):

@@ -57,7 +57,7 @@ class Runner:
         return Worker(store=self._backends.store, transport=self._backends.transport,
                       workflows=self._declared.workflows, agents=self._declared.agents,
                       settings=settings, on_applied=self._signals.applied,
-                      on_alert=self._signals.alerted, ending=self._signals.ending,
+                      on_alert=self._signals.alerted, waiters=self._signals,
                       metrics=self.metrics if settings.metered else None)
 
     async def serve(self, worker: Worker) -> None:

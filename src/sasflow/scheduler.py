@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 
 from sasflow import tracing
 from sasflow.errors import PayloadError, StoreError
-from sasflow.handover import NO_HANDOVER, Handover, no_waiters
+from sasflow.handover import NO_HANDOVER, NO_WAITERS, Waiters
 from sasflow.logs import log_context, log_step
 from sasflow.messages import Reply, Request, decode_reply, encode_within
 from sasflow.model import Phase, Task, TaskState, terminal
@@ -52,16 +52,16 @@ class Scheduler:
     def __init__(self, store: Store, transport: Transport, plans: Mapping[str, Plan], *,
                  instance_id: str, concurrency: int = 64,
                  on_applied: Callable[[Transition], None] = lambda t: None,
-                 ending: Callable[[str], Handover] = no_waiters) -> None:
+                 waiters: Waiters = NO_WAITERS) -> None:
         self.store = store
         self.transport = transport
         self.plans = plans
         self.instance_id = instance_id
         self.concurrency = concurrency
         self.on_applied = on_applied
-        # asked before a task's ending transition is written: who is handed the
-        # ended task (the waiting clients of this process, signals.py)
-        self.ending = ending
+        # the clients of this process waiting for the tasks it drives: told what it
+        # drives and lets go of, and handed each task as its end is written (signals.py)
+        self.waiters = waiters
         self.reply_queue = reply_queue(instance_id)
         self._held: dict[str, Task] = {}  # the tasks this instance drives, by id
         self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply | None]]] = {}
@@ -135,9 +135,12 @@ class Scheduler:
         # held from now on, not from when its driver first runs: a shutdown in between
         # still hands it back
         self._held[task.task_id] = task
+        self.waiters.driving(task.task_id)
         driver = asyncio.create_task(self._drive(task))
         self._drivers.add(driver)
         driver.add_done_callback(self._driver_done)
+        # (when the driver ends, even cancelled before it ran)
+        driver.add_done_callback(lambda _: self.waiters.let_go(task.task_id))
 
     async def run(self) -> None:
         consumer = asyncio.create_task(self.transport.consume(
@@ -306,7 +309,7 @@ class Scheduler:
         # held as it will be once the write applies: a stop that comes while the write
         # is on its way (and commits) releases the task from there
         task = self._held[task.task_id] = applied(task, transition)
-        handover = self.ending(task.task_id) if terminal(transition.state) else NO_HANDOVER
+        handover = self.waiters.ending(task.task_id) if terminal(transition.state) else NO_HANDOVER
         try:
             written = await self.store.apply(transition)
         except BaseException:

@@ -1,7 +1,8 @@
 """Signals between an application's client and the workers running in its own
 process: a submission is claimed with its write by a scheduler on the same loop
 that has a slot free, or else wakes the schedulers; a terminal state wakes the waiters,
-and the scheduler that wrote it hands them the ended task (handover.py); an alert
+and the scheduler that wrote it hands them the ended task (handover.py: a client
+that comes to wait while a scheduler here drives the task need not read it); an alert
 reaches the `on_alert` callbacks. Across processes the store carries
 what it can (`Store.watch` for schedulers, `Store.on_finished` for waiters: the
 SQLite store's wake channel); polling the store is the safety net."""
@@ -31,6 +32,8 @@ class InProcessSignals:
         self._lock = threading.Lock()
         self._schedulers: list[tuple[asyncio.AbstractEventLoop, Scheduler]] = []
         self._waiters: dict[str, list[Waiter]] = {}
+        # the tasks schedulers of this process drive and have not yet begun to end
+        self._driven: set[str] = set()
         self.alert_callbacks: list[Callable[[Alert], None]] = []
         self._hearing: Store | None = None  # the store that tells of tasks ended elsewhere
 
@@ -81,6 +84,7 @@ class InProcessSignals:
         waiter = Waiter(asyncio.get_running_loop(), self._lock)
         with self._lock:
             self._waiters.setdefault(task_id, []).append(waiter)
+            waiter.driven_here = task_id in self._driven
         try:
             yield waiter
         finally:
@@ -91,6 +95,24 @@ class InProcessSignals:
                 if not waiters:
                     self._waiters.pop(task_id, None)
 
+    def driving(self, task_id: str) -> None:
+        """A scheduler of this process drives `task_id` from now on: a waiter that comes
+        now is told of its end by it (`ending`), or that it let go (`let_go`)."""
+        with self._lock:
+            self._driven.add(task_id)
+
+    def let_go(self, task_id: str) -> None:
+        """The scheduler driving `task_id` let go of it. If it did so without beginning
+        to write an end (its reply did not come, its task was taken away, it
+        stopped), the waiters that counted on it read the store now."""
+        with self._lock:
+            if task_id not in self._driven:
+                return  # (its end was written, or not: `ending` told the waiters)
+            self._driven.discard(task_id)
+            waiters = list(self._waiters.get(task_id, ()))
+        for waiter in waiters:
+            _soon(waiter.loop, waiter.event.set)
+
     def ending(self, task_id: str) -> Handover:
         """Called by a scheduler of this process before it writes the transition that
         ends `task_id`: the waiters there are now, to be handed the task once the
@@ -100,6 +122,7 @@ class InProcessSignals:
         Until the scheduler says, a waiter woken by the store's notice of the end
         waits for the task rather than reading it; waiters that come later read."""
         with self._lock:
+            self._driven.discard(task_id)  # waiters from now on read
             waiters = list(self._waiters.get(task_id, ()))
             for waiter in waiters:
                 waiter.promised += 1
@@ -142,9 +165,11 @@ class Waiter:
     """A client waiting for a task to end, on its own loop: `event` is set when a
     worker of this process ends it (or the store tells of another's); `task` holds
     the ended task once its scheduler handed it over, and `promised` counts the
-    handovers on their way (signals.ending)."""
+    handovers on their way (signals.ending). `driven_here`: a scheduler of this
+    process drove the task as the waiter came, its end not yet begun, so it hands
+    the end over or says it let go: the waiter need not read the task first."""
 
-    __slots__ = ("_lock", "event", "loop", "promised", "task")
+    __slots__ = ("_lock", "driven_here", "event", "loop", "promised", "task")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, lock: threading.Lock) -> None:
         self.loop = loop
@@ -152,6 +177,7 @@ class Waiter:
         self.event = asyncio.Event()
         self.task: Task | None = None
         self.promised = 0
+        self.driven_here = False
 
     def _handed(self, task: Task | None) -> None:
         """(On its loop.) The end written (`task`), or not (None)."""

@@ -40,7 +40,7 @@ from sasflow.agent import AgentFunction, AgentRuntime
 from sasflow.alert_delivery import AlertDeliverer
 from sasflow.declarations import plans_for
 from sasflow.errors import ConfigurationError
-from sasflow.handover import Handover, no_waiters
+from sasflow.handover import NO_WAITERS, Waiters
 from sasflow.logs import log_context
 from sasflow.outage import Outage
 from sasflow.scheduler import Scheduler
@@ -165,7 +165,7 @@ class Worker:
                  on_applied: Callable[[Transition], None] = lambda t: None,
                  on_alert: Callable[[Alert], None] = lambda a: None,
                  metrics: Metrics | None = None,
-                 ending: Callable[[str], Handover] = no_waiters) -> None:
+                 waiters: Waiters = NO_WAITERS) -> None:
         settings.check()
         served = list(agents) if settings.agents is None else list(settings.agents)
         missing = [a for a in served if a not in agents]
@@ -188,7 +188,7 @@ class Worker:
                 *([reply_queue(instance_id)] if "scheduler" in self.roles else [])])
         self.scheduler = Scheduler(store, transport, plans, instance_id=instance_id,
                                    concurrency=settings.concurrency, on_applied=scheduled,
-                                   ending=ending) if "scheduler" in self.roles else None
+                                   waiters=waiters) if "scheduler" in self.roles else None
         # every complete-by was set on the store's clock: agents judge it on that (R1)
         self.agents = AgentRuntime(transport, [agents[a] for a in served], clock=store.now,
                                    metrics=self.metrics) if "agent" in self.roles else None

@@ -1,18 +1,21 @@
 """A client waiting for a task that a scheduler of its own process ends is handed
-the ended task as the write left it, with no read of the store after it
+the ended task as the write left it, with no read of the store
 (signals.py `ending`, scheduler.py, client.py `await_`), on every store.
 
 The proof has two halves: the task handed over equals what the store then reads,
 field for field (its `updated_at` and every step's result and error included),
-and the waiter read the store only once, before the task ended. A waiter that
-comes after the end reads the store, as before.
+and the waiter did not read the store at all: it came while a scheduler of its
+process drove the task, so that scheduler tells it of the end, or that it let go
+of the task (and then the waiter reads). A waiter that comes after the end reads
+the store, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +67,11 @@ def app(store_url: str, gate: threading.Event) -> Iterator[App]:
     made.workflow("gated-or-error", on_failure="error", steps=[
         Step("hold", agent="gate", timeout=STEP_TIMEOUT),
         Step("reserve", agent="inventory", timeout=STEP_TIMEOUT)])
+    made.workflow("ready", steps=[Step("reserve", agent="inventory", timeout=STEP_TIMEOUT)])
     made.start()
+    # once a task has run, the scheduler runs: the tests' tasks are claimed for it
+    # as they are submitted, so it drives each before its waiter comes
+    made.wait(made.submit("ready", {"n": 0}), timeout=WAIT)
     yield made
     made.stop()
 
@@ -94,6 +101,36 @@ class Reads(list[TaskState]):
                 await self.came.wait()
 
 
+class Waiting:
+    """How many waiters have come to wait (`await_` registered them), as they come."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.came = asyncio.Event()
+
+    async def at_least(self, count: int) -> None:
+        async with asyncio.timeout(WAIT):
+            while self.count < count:
+                self.came.clear()
+                await self.came.wait()
+
+
+def counting_waiters(app: App, monkeypatch: pytest.MonkeyPatch) -> Waiting:
+    """A spy on the waiters this app's `await_` registers from now on."""
+    waiting = Waiting()
+    register = app._signals.waiting
+
+    @contextlib.asynccontextmanager
+    async def counted(task_id: str) -> AsyncIterator[Any]:
+        async with register(task_id) as waiter:
+            waiting.count += 1
+            waiting.came.set()
+            yield waiter
+
+    monkeypatch.setattr(app._signals, "waiting", counted)
+    return waiting
+
+
 def counting_reads(app: App, monkeypatch: pytest.MonkeyPatch) -> Reads:
     """A spy on this one app's reads from now on."""
     reads = Reads()
@@ -116,12 +153,12 @@ async def test_a_waiter_is_handed_the_ended_task_as_the_store_holds_it(
         app: App, gate: threading.Event, workflow: str, n: int, ending: TaskState,
         monkeypatch: pytest.MonkeyPatch) -> None:
     task_id = await app.asubmit(workflow, {"n": n})
-    reads = counting_reads(app, monkeypatch)
+    reads, waiters = counting_reads(app, monkeypatch), counting_waiters(app, monkeypatch)
     waiting = asyncio.ensure_future(app.await_(task_id, timeout=WAIT))
-    await reads.at_least(1)  # waiting, the task not ended
+    await waiters.at_least(1)  # waiting, the task not ended
     gate.set()
     handed = await waiting
-    assert len(reads) == 1 and not terminal(reads[0])  # handed over: no read of the end
+    assert reads == []  # driven here, and handed over: no read at all
     stored = await app.aget(task_id)
     assert handed.state is ending
     assert handed == stored
@@ -130,12 +167,12 @@ async def test_a_waiter_is_handed_the_ended_task_as_the_store_holds_it(
 async def test_each_waiter_has_its_own_copy(app: App, gate: threading.Event,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     task_id = await app.asubmit("gated", {"n": 1})
-    reads = counting_reads(app, monkeypatch)
+    reads, waiters = counting_reads(app, monkeypatch), counting_waiters(app, monkeypatch)
     waiting = [asyncio.ensure_future(app.await_(task_id, timeout=WAIT)) for _ in range(2)]
-    await reads.at_least(2)
+    await waiters.at_least(2)
     gate.set()
     first, second = await asyncio.gather(*waiting)
-    assert len(reads) == 2 and not any(terminal(state) for state in reads)
+    assert reads == []
     assert first == second
     assert first.steps[1].result is not second.steps[1].result
     first.steps[1].result["reserved"] = 99
@@ -169,12 +206,60 @@ async def test_an_end_not_written_is_read(app: App, gate: threading.Event,
         return await apply(transition)
 
     task_id = await app.asubmit("gated", {"n": 4})
-    reads = counting_reads(app, monkeypatch)
+    reads, waiters = counting_reads(app, monkeypatch), counting_waiters(app, monkeypatch)
     waiting = asyncio.ensure_future(app.await_(task_id, timeout=WAIT))
-    await reads.at_least(1)
+    await waiters.at_least(1)
     monkeypatch.setattr(store, "apply", cancelled_first)  # for this one task
     gate.set()
     ended = await waiting
     assert ended.state is TaskState.CANCELLED
-    assert reads[-1] is TaskState.CANCELLED  # read, not handed over
+    assert reads == [TaskState.CANCELLED]  # read once told, not handed over
     assert ended == await app.aget(task_id)
+
+
+async def test_a_waiter_reads_once_its_scheduler_lets_go(app: App, gate: threading.Event,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler's write of the first step's reply finds the task taken away and
+    lets go of it: the waiter that counted on being told of the end reads at once (the
+    notices and the polling net are silent: nothing ended, and the first look is
+    WAIT away)."""
+    store = app._store
+    apply = store.apply
+
+    async def taken_away(transition: Transition) -> bool:
+        if transition.task_id == task_id:
+            return False  # as a write fenced off by another's claim
+        return await apply(transition)
+
+    task_id = await app.asubmit("gated", {"n": 5})
+    reads, waiters = counting_reads(app, monkeypatch), counting_waiters(app, monkeypatch)
+    waiting = asyncio.ensure_future(app.await_(task_id, timeout=WAIT))
+    await waiters.at_least(1)
+    monkeypatch.setattr(store, "apply", taken_away)
+    gate.set()
+    await reads.at_least(1)
+    assert reads == [TaskState.PROCESSING]  # not ended: it waits on
+    assert not waiting.done()
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
+
+
+async def test_a_waiter_of_a_task_not_driven_here_reads_it_first(
+        store_url: str, app: App, gate: threading.Event,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client without roles (another process's, as a web app beside the workers)
+    reads the task as it comes to wait, then is told of the end by the store."""
+    task_id = await app.asubmit("gated", {"n": 6})
+    elsewhere = App(store=store_url)
+    try:
+        reads = counting_reads(elsewhere, monkeypatch)
+        waiting = asyncio.ensure_future(elsewhere.await_(task_id, timeout=WAIT))
+        await reads.at_least(1)
+        assert reads == [TaskState.PROCESSING]
+        gate.set()
+        ended = await waiting
+        assert ended.state is TaskState.PROCESSED
+        assert reads == [TaskState.PROCESSING, TaskState.PROCESSED]
+    finally:
+        await asyncio.to_thread(elsewhere.close)  # its store may call into this loop
