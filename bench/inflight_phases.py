@@ -1,0 +1,134 @@
+"""Where the time of the 256-in-flight row goes, on PostgreSQL (in-process roles).
+
+distributed.py's `concurrent` row submits N tasks with up to 256 `asubmit` in
+flight from a loop of its own (as a web app beside `app.start()`'s roles), then
+awaits each in order. This runs that row, and the same submissions awaited all
+at once (`gathered`: one `await_` per task, together, as many clients would
+wait), and the roles alone on N tasks submitted first (`presubmitted`), each in
+a child of its own on a database of its own, rounds alternated. A thread counts
+the terminal tasks every 10 ms on a connection of its own, so each measurement
+says when the submissions ended, when the roles had ended every task, and when
+the client held them all; and the process's CPU a completed step.
+
+Usage: python bench/inflight_phases.py [--n 5000] [--rounds 3]
+           [--styles inorder,gathered,presubmitted]
+Prints one JSON line: every measurement, and the medians per style.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+from typing import Any
+
+import common as C
+
+IN_FLIGHT = 256
+STYLES = ("inorder", "gathered", "presubmitted")
+STUCK_S = 120.0
+
+
+def measure(n: int, style: str) -> dict[str, Any]:
+    from distributed import DEFAULT_CONCURRENCY, WARM_UP, Deployment, Observer, wait_all_terminal
+    from workload import WORKFLOW
+
+    with Deployment("memory") as d:
+        app = d.app()
+        options = {"roles": d.roles(), "concurrency": DEFAULT_CONCURRENCY,
+                   "instance_id": d.instance("scheduler")}
+        if style == "presubmitted":
+            async def submit_all() -> list[str]:
+                return [await app.asubmit(WORKFLOW, None) for _ in range(n)]
+
+            app._loop.run(submit_all())  # no scheduler yet: nothing is claimed
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            app.start(**options)
+            wait_all_terminal(d.store_url, n)
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            app.stop()
+            return {"style": style, "elapsed_s": round(elapsed, 3),
+                    "steps_per_s": round(3 * n / elapsed, 1),
+                    "cpu_us_per_step": round(cpu / (3 * n) * 1e6, 1)}
+        app.start(**options)
+        for _ in range(WARM_UP):
+            app.wait(app.submit(WORKFLOW, None), timeout=STUCK_S)
+        ended: list[float] = []
+        watching = threading.Event()
+
+        def watch() -> None:  # until every task of the window is terminal
+            observer = Observer(d.store_url, "")
+            try:
+                while not watching.is_set():
+                    if observer.all_terminal() >= n + WARM_UP:
+                        ended.append(time.perf_counter())
+                        return
+                    time.sleep(0.01)
+            finally:
+                observer.close()
+
+        watcher = threading.Thread(target=watch)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        watcher.start()
+
+        async def client() -> float:
+            slots = asyncio.Semaphore(IN_FLIGHT)
+
+            async def one() -> str:
+                async with slots:
+                    return await app.asubmit(WORKFLOW, None)
+
+            ids = await asyncio.gather(*(one() for _ in range(n)))
+            submitted = time.perf_counter()
+            if style == "inorder":
+                for task_id in ids:
+                    await app.await_(task_id, timeout=STUCK_S)
+            else:
+                await asyncio.gather(*(app.await_(i, timeout=STUCK_S) for i in ids))
+            return submitted
+
+        submitted = asyncio.run(client())
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        watching.set()
+        watcher.join()
+        app.stop()
+        return {"style": style, "elapsed_s": round(elapsed, 3),
+                "submissions_end_s": round(submitted - t0, 3),
+                "roles_end_s": round(ended[0] - t0, 3) if ended else None,
+                "steps_per_s": round(3 * n / elapsed, 1),
+                "cpu_us_per_step": round(cpu / (3 * n) * 1e6, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", default="main", choices=["main", "one"])
+    ap.add_argument("--n", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--styles", default=",".join(STYLES))
+    ap.add_argument("--style", default="inorder", choices=STYLES)
+    a = ap.parse_args()
+    if a.role == "one":
+        C.emit(measure(a.n, a.style))
+        return
+    styles = [s for s in a.styles.split(",") if s]
+    runs: list[dict[str, Any]] = []
+    for r in range(a.rounds):
+        for style in styles:
+            args = ["--role", "one", "--n", str(a.n), "--style", style]
+            result = C.run_child("inflight_phases.py", args, timeout=STUCK_S * 3)
+            result["round"] = r + 1
+            runs.append(result)
+    medians = {style: {key: C.median_of([run[key] for run in runs
+                                         if run.get("style") == style and run.get(key)])
+                       for key in ("steps_per_s", "elapsed_s", "submissions_end_s",
+                                   "roles_end_s", "cpu_us_per_step")
+                       if any(run.get(key) for run in runs if run.get("style") == style)}
+               for style in styles}
+    C.emit({"bench": "inflight_phases", "n": a.n, "in_flight": IN_FLIGHT, "runs": runs,
+            "medians": medians})
+
+
+if __name__ == "__main__":
+    main()
