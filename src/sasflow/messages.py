@@ -33,7 +33,8 @@ __all__ = [
 ]
 
 
-class Request(msgspec.Struct, kw_only=True, omit_defaults=True):
+# out of the garbage collector, as model.py's records (see there)
+class Request(msgspec.Struct, kw_only=True, gc=False, omit_defaults=True):
     """Scheduler -> agent: run one unit of work before `complete_by`."""
 
     task_id: str
@@ -52,7 +53,7 @@ class Request(msgspec.Struct, kw_only=True, omit_defaults=True):
     trace: str | None = None
 
 
-class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Reply(msgspec.Struct, kw_only=True, gc=False, omit_defaults=True):
     """Agent -> scheduler: the unit finished, or failed for good."""
 
     task_id: str

@@ -175,7 +175,16 @@ def isoformat(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
-class CompensationRecord(msgspec.Struct, kw_only=True):
+# The records a step makes and drops by the thousand (these, transition.py's, the
+# messages', store/records.py's) are kept out of the garbage collector (msgspec's
+# `gc=False`): tracked, they were counted toward each young collection and swept
+# by every full one while their tasks were in flight, and collecting took about a
+# sixth of the in-process roles' time (docs/benchmarks.md). They can be: their
+# fields hold scalars, these records, and values decoded from JSON or msgpack
+# (inputs, results), which never refer back to a record, so no reference cycle
+# runs through them. (A caller that made one, by putting a record inside a task's
+# input or result, would keep that record alive until the process ends.)
+class CompensationRecord(msgspec.Struct, kw_only=True, gc=False):
     """The undo of one completed step: a durable unit of its own (S9)."""
 
     state: StepState
@@ -197,7 +206,7 @@ class CompensationRecord(msgspec.Struct, kw_only=True):
         }
 
 
-class StepRecord(msgspec.Struct, kw_only=True):
+class StepRecord(msgspec.Struct, kw_only=True, gc=False):
     """One step of a task as the store holds it (SPEC S2)."""
 
     name: str
@@ -229,7 +238,7 @@ class StepRecord(msgspec.Struct, kw_only=True):
         return out
 
 
-class Task(msgspec.Struct, kw_only=True):
+class Task(msgspec.Struct, kw_only=True, gc=False):
     """A task's state record (SPEC E2) and, when loaded with them, its steps."""
 
     task_id: str

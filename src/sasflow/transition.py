@@ -36,7 +36,8 @@ __all__ = ["LeaseFence", "Transition", "UnitChange", "applied", "put_unit", "uni
            "written_at"]
 
 
-class UnitChange(msgspec.Struct, kw_only=True):
+# out of the garbage collector, as model.py's records (see there)
+class UnitChange(msgspec.Struct, kw_only=True, gc=False):
     """The complete new row of one unit of work: a step (phase do) or its
     compensation (undo)."""
 
@@ -66,7 +67,7 @@ class LeaseFence(msgspec.Struct, frozen=True):
     epoch: int
 
 
-class Transition(msgspec.Struct, kw_only=True):
+class Transition(msgspec.Struct, kw_only=True, gc=False):
     """A fenced change to one task: its new values, its units' new rows, and the
     history, status and alert that go with it."""
 

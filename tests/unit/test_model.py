@@ -314,3 +314,24 @@ def test_the_claimable_index_covers_exactly_the_claimable_predicate(dialect: str
     assert definitions
     where = " ".join(definitions[-1].split("WHERE", 1)[1].split())
     assert where == sql.CLAIMABLE_SQL
+
+
+def test_the_records_a_step_makes_are_kept_out_of_the_collector() -> None:
+    """model.py: the records made and dropped at every step are not tracked by the
+    garbage collector, even holding decoded inputs and results (dicts, which are)."""
+    import gc
+
+    from sasflow.messages import Reply, Request
+    from sasflow.store.records import HistoryEntry, NewTask
+    from sasflow.transition import Transition, UnitChange
+
+    for record in (Task, StepRecord, CompensationRecord, Transition, UnitChange, Request,
+                   Reply, NewTask, HistoryEntry):
+        assert record.__struct_config__.gc is False, record.__name__
+    undo = CompensationRecord(state=StepState.PENDING, result={"undone": [1]})
+    step = StepRecord(name="s", agent="a", state=StepState.COMPLETED,
+                      result={"reserved": {"items": ["a"]}}, compensation=undo)
+    task = Task(task_id="t", workflow="w", input={"n": [1, 2]},
+                state=TaskState.PROCESSING, steps=[step])
+    assert gc.is_tracked(task.input) and gc.is_tracked(step.result)
+    assert not any(gc.is_tracked(r) for r in (task, step, undo))

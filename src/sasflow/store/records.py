@@ -11,7 +11,8 @@ __all__ = ["Alert", "AlertDelivery", "Census", "DeliveryRecord", "HistoryEntry",
            "NewTask", "OutboxMessage", "submitted"]
 
 
-class NewTask(msgspec.Struct, kw_only=True):
+# out of the garbage collector, as model.py's records (see there)
+class NewTask(msgspec.Struct, kw_only=True, gc=False):
     """A task as submitted: validated, its input already encoded as JSON."""
 
     task_id: str
@@ -36,7 +37,7 @@ def submitted(task: NewTask, now: float) -> Task:
                                   idempotency_key=key) for name, agent, key in task.steps])
 
 
-class HistoryEntry(msgspec.Struct, kw_only=True):
+class HistoryEntry(msgspec.Struct, kw_only=True, gc=False):
     """One transition of a task or of one of its units: who, when, from, to, why."""
 
     task_id: str
