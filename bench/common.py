@@ -9,6 +9,7 @@ sasflow's figures as in the peers'.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -141,6 +142,34 @@ def stop_proc(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=5)
+
+
+class Collections:
+    """The garbage collector's collections within a window, by generation: how many, and
+    the milliseconds they took (gc.callbacks; whichever thread set them off)."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def _note(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.counts[info["generation"]] += 1
+        self.seconds[info["generation"]] += time.perf_counter() - self._started
+
+    def __enter__(self) -> Collections:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
+
+    def summary(self) -> dict[str, list[float]]:
+        """{generation: [collections, milliseconds]}"""
+        return {str(g): [self.counts[g], round(self.seconds[g] * 1e3, 1)] for g in range(3)}
 
 
 def median_of(values: list[float]) -> float:

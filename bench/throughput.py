@@ -64,12 +64,13 @@ def measure(a: argparse.Namespace, **start: Any) -> dict[str, Any]:
         for _ in range(WARM_UP):  # the writer thread, reader connections, agent queues
             app.wait(app.submit(WORKFLOW, task_input), timeout=STUCK_S)
         t0, c0 = time.perf_counter(), time.process_time()
-        if a.style == "sequential":
-            ids = [app.submit(WORKFLOW, task_input) for _ in range(a.n)]
-            t_sub = time.perf_counter() - t0
-            tasks = [app.wait(i, timeout=STUCK_S) for i in ids]
-        else:
-            t_sub, tasks = asyncio.run(_concurrent(app, a.n, task_input, t0))
+        with C.Collections() as collections:
+            if a.style == "sequential":
+                ids = [app.submit(WORKFLOW, task_input) for _ in range(a.n)]
+                t_sub = time.perf_counter() - t0
+                tasks = [app.wait(i, timeout=STUCK_S) for i in ids]
+            else:
+                t_sub, tasks = asyncio.run(_concurrent(app, a.n, task_input, t0))
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     except Exception as error:
         # the roles may be wedged, and app.stop() with them: report and leave at once
@@ -84,7 +85,8 @@ def measure(a: argparse.Namespace, **start: Any) -> dict[str, Any]:
             "durability": C.DURABILITY[a.sync], "concurrency": a.concurrency,
             "elapsed_s": round(elapsed, 3), "submit_s": round(t_sub, 3),
             "wf_per_s": round(a.n / elapsed, 1), "steps_per_s": round(3 * a.n / elapsed, 1),
-            "cpu_us_per_step": _per_step(cpu, a.n), "not_processed": not_done}
+            "cpu_us_per_step": _per_step(cpu, a.n), "not_processed": not_done,
+            "collections": collections.summary()}
 
 
 def _presubmitted(a: argparse.Namespace, app: Any, path: str, task_input: Any,
@@ -97,8 +99,9 @@ def _presubmitted(a: argparse.Namespace, app: Any, path: str, task_input: Any,
 
     ids = app._loop.run(submit_all())  # no roles running yet: nothing is claimed
     t0, c0 = time.perf_counter(), time.process_time()
-    app.start(concurrency=a.concurrency, **start)
-    tasks = app._loop.run(wait_all())
+    with C.Collections() as collections:
+        app.start(concurrency=a.concurrency, **start)
+        tasks = app._loop.run(wait_all())
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     app.stop()
     C.remove_db(path)
@@ -107,7 +110,8 @@ def _presubmitted(a: argparse.Namespace, app: Any, path: str, task_input: Any,
             "durability": C.DURABILITY[a.sync], "concurrency": a.concurrency,
             "elapsed_s": round(elapsed, 3), "submit_s": 0.0,
             "wf_per_s": round(a.n / elapsed, 1), "steps_per_s": round(3 * a.n / elapsed, 1),
-            "cpu_us_per_step": _per_step(cpu, a.n), "not_processed": not_done}
+            "cpu_us_per_step": _per_step(cpu, a.n), "not_processed": not_done,
+            "collections": collections.summary()}
 
 
 def _per_step(cpu_s: float, n: int) -> float:
