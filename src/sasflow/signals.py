@@ -98,16 +98,19 @@ class InProcessSignals:
     def driving(self, task_id: str) -> None:
         """A scheduler of this process drives `task_id` from now on: a waiter that comes
         now is told of its end by it (`ending`), or that it let go (`let_go`)."""
-        with self._lock:
-            self._driven.add(task_id)
+        # Without the lock (once a task, on the hot path): a waiter registering just
+        # before the mark only reads first, as it would have without it
+        self._driven.add(task_id)
 
     def let_go(self, task_id: str) -> None:
         """The scheduler driving `task_id` let go of it. If it did so without beginning
         to write an end (its reply did not come, its task was taken away, it
         stopped), the waiters that counted on it read the store now."""
+        if task_id not in self._driven:
+            return  # (its end was written, or not: `ending` told the waiters)
         with self._lock:
             if task_id not in self._driven:
-                return  # (its end was written, or not: `ending` told the waiters)
+                return
             self._driven.discard(task_id)
             waiters = list(self._waiters.get(task_id, ()))
         for waiter in waiters:
