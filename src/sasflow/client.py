@@ -243,6 +243,9 @@ class Client(Operations):
 
     async def await_(self, task_id: str, timeout: float | None = 60.0) -> Task:
         """Wait until the task reaches a terminal state; WaitTimeout if it does not."""
+        ended = self._signals.ended.get(task_id)
+        if ended is not None:  # ended here in a final state: what the store holds for good
+            return ended
         try:
             self._signals.hear(self._store)
             async with self._signals.waiting(task_id) as waiter, asyncio.timeout(timeout):
@@ -337,7 +340,15 @@ class Client(Operations):
         return Listening(self.alisten(queue), self._loop)
 
     get = _blocking(aget)
-    wait = _blocking(await_)
+    _wait = _blocking(await_)
+
+    def wait(self, task_id: str, timeout: float | None = 60.0) -> Task:
+        """Blocking twin of `await_`: Wait until the task reaches a terminal state;
+        WaitTimeout if it does not."""
+        # a task ended here in a final state is answered in the caller's thread, with
+        # no trip through the client's loop (which the schedulers may be keeping busy)
+        ended = self._signals.ended.get(task_id)
+        return ended if ended is not None else self._wait(task_id, timeout)
     history = _blocking(ahistory)
     alerts = _blocking(aalerts)
     count = _blocking(acount)

@@ -31,6 +31,7 @@ import msgspec
 
 __all__ = [
     "CLAIMABLE_TASK_STATES",
+    "FINAL_TASK_STATES",
     "TERMINAL_TASK_STATES",
     "UNFINISHED_TASK_STATES",
     "CompensationRecord",
@@ -41,6 +42,7 @@ __all__ = [
     "TaskState",
     "can_move",
     "claimable",
+    "final",
     "idempotency_key",
     "isoformat",
     "terminal",
@@ -120,6 +122,16 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     _T.COMPENSATED: frozenset(),
     _T.CANCELLED: frozenset(),
 }
+
+# The terminal states with no way out: no rule and no operator moves a task out of
+# one, and nothing deletes it, so a task in one reads the same forever (ended_here.py)
+FINAL_TASK_STATES = frozenset(state for state, out in TASK_TRANSITIONS.items() if not out)
+
+
+def final(state: TaskState) -> bool:
+    """Whether a task in `state` can never change again (processed, compensated,
+    cancelled; not error, which an operator may retry or compensate, E8)."""
+    return state in FINAL_TASK_STATES
 
 _S = StepState
 # Both kinds of unit use these states: a step (pending -> running -> completed |

@@ -3,9 +3,11 @@ process: a submission is claimed with its write by a scheduler on the same loop
 that has a slot free, or else wakes the schedulers; a terminal state wakes the waiters,
 and the scheduler that wrote it hands them the ended task (handover.py: a client
 that comes to wait while a scheduler here drives the task need not read it); an alert
-reaches the `on_alert` callbacks. Across processes the store carries
-what it can (`Store.watch` for schedulers, `Store.on_finished` for waiters: the
-SQLite store's wake channel); polling the store is the safety net."""
+reaches the `on_alert` callbacks; a task ended here in a final state is kept
+(ended_here.py), so a client that comes to wait for it later need not read it.
+Across processes the store carries what it can (`Store.watch` for schedulers,
+`Store.on_finished` for waiters: the SQLite store's wake channel); polling the
+store is the safety net."""
 
 from __future__ import annotations
 
@@ -15,10 +17,9 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 
-import msgspec
-
-from sasflow.handover import NO_HANDOVER, Handover
-from sasflow.model import Task, claimable, terminal
+from sasflow.ended_here import EndedHere, decode_task, encode_task
+from sasflow.handover import Handover
+from sasflow.model import Task, claimable, final, terminal
 from sasflow.scheduler import Scheduler
 from sasflow.store.interfaces import ClaimRule, Store
 from sasflow.store.records import Alert
@@ -36,6 +37,7 @@ class InProcessSignals:
         self._driven: set[str] = set()
         self.alert_callbacks: list[Callable[[Alert], None]] = []
         self._hearing: Store | None = None  # the store that tells of tasks ended elsewhere
+        self.ended = EndedHere()  # the final ends this process's schedulers wrote
 
     @contextlib.contextmanager
     def scheduler(self, scheduler: Scheduler | None) -> Iterator[None]:
@@ -123,13 +125,15 @@ class InProcessSignals:
         (transition.applied), and these waiters waited from before it was written, so
         it is a state of the task while they waited: a read would tell them no more.
         Until the scheduler says, a waiter woken by the store's notice of the end
-        waits for the task rather than reading it; waiters that come later read."""
+        waits for the task rather than reading it; waiters that come later read,
+        unless the end is final: it is then kept (`ended`), and is what any read of
+        the task would return from then on."""
         with self._lock:
             self._driven.discard(task_id)  # waiters from now on read
             waiters = list(self._waiters.get(task_id, ()))
             for waiter in waiters:
                 waiter.promised += 1
-        return _Handover(waiters) if waiters else NO_HANDOVER
+        return _Handover(self.ended, waiters)
 
     def hear(self, store: Store) -> None:
         """Have `store` tell the waiters of tasks that other processes end (once per
@@ -192,24 +196,23 @@ class Waiter:
 
 
 class _Handover:
-    def __init__(self, waiters: list[Waiter]) -> None:
+    __slots__ = ("_ended", "_waiters")
+
+    def __init__(self, ended: EndedHere, waiters: list[Waiter]) -> None:
+        self._ended = ended
         self._waiters = waiters
 
     def written(self, task: Task) -> None:
+        if not self._waiters and not final(task.state):
+            return  # nobody to tell, nothing to keep
+        encoded = encode_task(task)
+        self._ended.keep(task, encoded)
         for waiter in self._waiters:  # each its own copy: callers may change theirs
-            _soon(waiter.loop, partial(waiter._handed, _copy(task)))
+            _soon(waiter.loop, partial(waiter._handed, decode_task(encoded)))
 
     def dropped(self) -> None:
         for waiter in self._waiters:
             _soon(waiter.loop, partial(waiter._handed, None))
-
-
-def _copy(task: Task) -> Task:
-    return _decode_task(_encode(task))
-
-
-_encode = msgspec.msgpack.Encoder().encode
-_decode_task = msgspec.msgpack.Decoder(Task).decode
 
 
 def _soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from sasflow import AgentRequest, App, PermanentError, Step, Task, TaskState, client
+from sasflow.errors import InvalidTransitionError
 from sasflow.model import terminal
 from sasflow.transition import Transition
 from support.backends import STORES
@@ -179,15 +180,51 @@ async def test_each_waiter_has_its_own_copy(app: App, gate: threading.Event,
     assert second.steps[1].result["reserved"] == 1
 
 
-async def test_a_waiter_after_the_end_reads_the_store(app: App, gate: threading.Event,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("n", "ending"), [
+    (2, TaskState.PROCESSED),
+    (-1, TaskState.COMPENSATED)])  # the first step undone
+async def test_a_waiter_after_a_final_end_is_answered_without_a_read(
+        app: App, gate: threading.Event, n: int, ending: TaskState,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task that a scheduler of this process ended in a final state is kept as
+    written (ended_here.py): a client that comes to wait after the end, on the loop
+    or blocking in a thread, reads nothing, and is given what the store holds, a
+    copy of its own each time. No operator action moves the task again, so the kept
+    end stays what the store holds."""
     gate.set()
-    task_id = await app.asubmit("gated", {"n": 2})
+    task_id = await app.asubmit("gated", {"n": n})
     done = await app.await_(task_id, timeout=WAIT)
+    assert done.state is ending
     reads = counting_reads(app, monkeypatch)
     again = await app.await_(task_id, timeout=WAIT)
-    assert reads == [TaskState.PROCESSED]
+    blocking = await asyncio.to_thread(app.wait, task_id, WAIT)
+    assert reads == []  # neither read the store
+    assert again == blocking == done == await app.aget(task_id)
+    again.steps[0].result = {"changed": "by its caller"}
+    assert app.wait(task_id, timeout=WAIT) == done  # the next caller's copy is untouched
+    for operate in (app.aretry, app.acompensate, app.acancel):
+        with pytest.raises(InvalidTransitionError):
+            await operate(task_id, by="test", reason="a final state has no way out")
+    assert await app.await_(task_id, timeout=WAIT) == await app.aget(task_id)
+
+
+async def test_a_waiter_after_an_end_in_error_reads_the_store(
+        app: App, gate: threading.Event, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Error is not final: an operator may retry the task (E8), so a client that comes
+    after that end reads the store, and sees the retry."""
+    gate.set()
+    task_id = await app.asubmit("gated-or-error", {"n": -1})
+    done = await app.await_(task_id, timeout=WAIT)
+    assert done.state is TaskState.ERROR
+    reads = counting_reads(app, monkeypatch)
+    again = await app.await_(task_id, timeout=WAIT)
+    assert reads == [TaskState.ERROR]
     assert again == done == await app.aget(task_id)
+    retried = await app.aretry(task_id, by="test", reason="the input was fixed")
+    assert retried.state is TaskState.PENDING
+    after = await app.await_(task_id, timeout=WAIT)  # it fails again: the same input
+    assert after.state is TaskState.ERROR
+    assert after.updated_at > done.updated_at  # the retry's end, read, not the first one
 
 
 async def test_an_end_not_written_is_read(app: App, gate: threading.Event,

@@ -15,6 +15,7 @@ import pytest
 
 from sasflow.model import (
     CLAIMABLE_TASK_STATES,
+    FINAL_TASK_STATES,
     TERMINAL_TASK_STATES,
     UNFINISHED_TASK_STATES,
     CompensationRecord,
@@ -25,6 +26,7 @@ from sasflow.model import (
     TaskState,
     can_move,
     claimable,
+    final,
     idempotency_key,
     isoformat,
     terminal,
@@ -100,6 +102,14 @@ def test_step_move_allowed_exactly_per_lifecycle(current: StepState, target: Ste
 def test_finished_tasks_never_move_again(state: TaskState) -> None:
     """processed, compensated and cancelled have no way out at all."""
     assert not any(can_move(state, target) for target in TaskState)
+
+
+def test_the_final_states_are_exactly_those_with_no_way_out() -> None:
+    """What ended_here.py keeps rests on this: a final task reads the same forever."""
+    assert {T.PROCESSED, T.COMPENSATED, T.CANCELLED} == FINAL_TASK_STATES
+    assert {s for s in TaskState if final(s)} == {
+        s for s in TaskState if not any(can_move(s, target) for target in TaskState)}
+    assert FINAL_TASK_STATES < TERMINAL_TASK_STATES  # error is terminal, not final
 
 
 def test_error_leaves_only_by_an_operator_action() -> None:
