@@ -11,7 +11,7 @@ from sasflow.errors import ConfigurationError
 from sasflow.store import Store, open_store
 from sasflow.transport import Transport, open_transport
 
-__all__ = ["DEFAULT_STORE", "Backends"]
+__all__ = ["DEFAULT_STORE", "Backends", "running_loop"]
 
 DEFAULT_STORE = "sqlite:///sasflow.db"
 
@@ -69,7 +69,7 @@ class Backends:
             # in-process queues die with the process: their dead letters go to the store
             self._transport = open_transport(url, max_message_bytes=self.max_payload_bytes,
                                              dead_letter_box=lambda: self.store)
-            self._transport_loop = _running_loop()
+            self._transport_loop = running_loop()
         return self._transport
 
     def detach_transport(self) -> Transport | None:
@@ -83,12 +83,18 @@ class Backends:
             return None
         return self.detach_transport()
 
+    @property
+    def opened_store(self) -> Store | None:
+        """The store, if it was opened (without opening it)."""
+        return self._store
+
     def detach_store(self) -> Store | None:
         store, self._store = self._store, None
         return store
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop of this thread, or None."""
     try:
         return asyncio.get_running_loop()
     except RuntimeError:

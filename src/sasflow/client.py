@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any, Literal, ParamSpec, TypeVar
 
 from sasflow import loop_calls
-from sasflow.backends import Backends
+from sasflow.backends import Backends, running_loop
 from sasflow.background_loop import BackgroundLoop, answer_early
 from sasflow.declarations import Declarations
 from sasflow.errors import (
@@ -362,7 +362,14 @@ class Client(Operations):
 
     def close(self) -> None:
         """Close the store, the transport the blocking methods opened, and the
-        background loop (a closed client opens them again if used)."""
+        background loop (a closed client opens them again if used). Inside an event
+        loop the client was used from, `await aclose()`: the store's connections may
+        live on that loop, and closing them from here would wait on it for good."""
+        store = self._backends.opened_store
+        running = running_loop()
+        if store is not None and running is not None and store.closes_on(running):
+            raise RuntimeError("close() inside the event loop the store's connections live"
+                               " on would wait on itself: use `await app.aclose()`")
         if self._own:
             self._own.close()
         self._own = False
@@ -373,6 +380,20 @@ class Client(Operations):
         if store is not None:
             self._loop.run(store.close())
         self._loop.close()
+
+    async def aclose(self) -> None:
+        """Coroutine twin of `close`: closes what the client opened, the store on this
+        loop if its connections live here, without blocking the loop."""
+        if self._own:
+            await asyncio.to_thread(self._own.close)
+        self._own = False
+        transport = self._backends.detach_transport_of(self._loop.started)
+        if transport is not None:  # closed on its own loop: a broker's client is bound to it
+            await asyncio.to_thread(self._loop.run, transport.close())
+        store = self._backends.detach_store()
+        if store is not None:  # (a pool living on another loop is closed there)
+            await store.close()
+        await asyncio.to_thread(self._loop.close)
 
     # last: inside this class body, `list` means the method from here on
     list = _blocking(alist)

@@ -299,4 +299,4 @@ async def test_a_waiter_of_a_task_not_driven_here_reads_it_first(
         assert ended.state is TaskState.PROCESSED
         assert reads == [TaskState.PROCESSING, TaskState.PROCESSED]
     finally:
-        await asyncio.to_thread(elsewhere.close)  # its store may call into this loop
+        await elsewhere.aclose()  # its store may live on this loop

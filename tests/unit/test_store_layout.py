@@ -45,12 +45,13 @@ def test_the_store_does_not_import_the_planner() -> None:
 
 def test_the_one_blocking_verb_joins_the_callers_transaction() -> None:
     """Every verb is a coroutine but the clock, the subscription to endings (which
-    only registers a callback) and `submit_in` (E1)."""
+    only registers a callback), the loop closing needs (`closes_on`: a question about
+    where the connections live, no I/O) and `submit_in` (E1)."""
     verbs = {name: member for name, member in inspect.getmembers(Store)
              if not name.startswith("_") and callable(member)}
     blocking = {name for name, member in verbs.items()
                 if not inspect.iscoroutinefunction(member)}
-    assert blocking == {"now", "on_finished", "submit_in"}
+    assert blocking == {"now", "on_finished", "closes_on", "submit_in"}
 
 
 def test_no_module_is_over_400_lines() -> None:

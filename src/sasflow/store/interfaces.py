@@ -19,6 +19,7 @@ open transaction in the caller's thread (E1).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
@@ -297,3 +298,7 @@ class Store(ClientStore, SchedulerStore, SupervisorStore, InstanceStore, RelaySt
     """Every verb: what a store implements."""
 
     async def close(self) -> None: ...
+
+    def closes_on(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether closing the store needs `loop` to run (its connections live there)."""
+        ...

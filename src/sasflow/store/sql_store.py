@@ -16,6 +16,7 @@ supplies the rest, the parts where the databases truly differ:
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -99,6 +100,9 @@ class SQLStore(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+    def closes_on(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return False  # (a dialect whose connections live on one loop says which)
 
     # ------------------------------------------------------------ client
     async def get(self, task_id: str) -> Task | None:

@@ -328,5 +328,8 @@ class MemoryStore(Tables, Deliveries):
                         acknowledged_why=why)
         return await self.alert(alert_id)
 
+    def closes_on(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return False
+
     async def close(self) -> None:
         """Nothing to release: the data lives while a store refers to it."""

@@ -157,6 +157,11 @@ class Connections:
         home = self._home
         return home is loop or home is None or home.is_closed() or not home.is_running()
 
+    def lives_on(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether the pool is open and lives on `loop`, still running."""
+        home = self._home
+        return home is loop and self.pool is not None and not home.is_closed()
+
     def _home_for(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
         """The loop the pool lives in; `loop` becomes it if there is none alive."""
         with self._home_lock:

@@ -345,6 +345,10 @@ class PostgresStore(SQLStore):
     async def watch(self, wake: Callable[[float], None]) -> None:
         await listen_for_work(self.conninfo, self._db, wake)
 
+    def closes_on(self, loop: asyncio.AbstractEventLoop) -> bool:
+        # the pool lives on the loop that first used it, and is closed there
+        return self._db.lives_on(loop)
+
     async def close(self) -> None:
         self._commit = self._reads = None
         await self._notices.sent()
