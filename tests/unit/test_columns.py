@@ -13,6 +13,7 @@ from psycopg import _queries as psycopg_queries
 
 from sasflow.model import CompensationRecord, Phase, StepRecord, StepState, Task, TaskState
 from sasflow.store import columns, queries
+from sasflow.store.postgres import bulk
 from sasflow.store.rows import attach_steps, unit_row
 from sasflow.transition import UnitChange, put_unit, unit_of
 
@@ -78,7 +79,16 @@ def test_a_unit_goes_to_its_row_and_back_field_by_field() -> None:
 
 def test_every_postgresql_statement_is_short_enough_for_psycopg_to_parse_once() -> None:
     """psycopg keeps how it parsed a statement only up to a length: a longer one (the
-    bulk transition was) is parsed again at every call, some 30 µs each."""
+    bulk transition was) is parsed again at every call, some 30 µs each. The one
+    longer statement, a batch's write, goes by the raw cursor, which parses nothing."""
     limit = psycopg_queries.MAX_CACHED_STATEMENT_LENGTH
     statements = queries.load("postgres", "pyformat")
-    assert {name: len(text) for name, text in statements.items() if len(text) > limit} == {}
+    long = {name for name, text in statements.items() if len(text) > limit}
+    assert long == bulk.RAW == {"write_batch"}
+
+
+def test_a_statement_numbered_for_the_raw_cursor_takes_each_name_once() -> None:
+    numbered = queries.numbered("SELECT :a, :b::int WHERE x = :a")
+    assert numbered.text == "SELECT $1, $2::int WHERE x = $1"
+    assert numbered.values({"a": 1, "b": 2, "c": 3}) == (1, 2)
+    assert queries.numbered("SELECT :only").values({"only": 7}) == (7,)

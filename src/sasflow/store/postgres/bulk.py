@@ -1,17 +1,18 @@
 """Writing to PostgreSQL: many submissions and transitions in one statement.
 
 `write_batch` applies a batch that the group commit (commit.py) gathered, as one
-statement (apply_transitions or insert_tasks, postgres/queries.sql) that applies
-the fences, writes the rows implied by what applied and NOTIFYs idle schedulers
-of work released or submitted; it answers the tasks it ended, which a statement
-of its own tells waiting clients once that one committed (`tell_finished`,
-notify_finished; the store sends it beside its writers, wake.FinishedNotices).
+statement (write_batch, postgres/queries.sql) that applies the transitions'
+fences, creates the submitted tasks, writes the rows implied by what applied and
+NOTIFYs idle schedulers of work released or submitted; it answers the tasks it
+ended, which a statement of its own tells waiting clients once that one committed
+(`tell_finished`, notify_finished; the store sends it beside its writers,
+wake.FinishedNotices).
 Each kind of row travels as ONE parameter, a JSON array of row arrays in the
 column order of columns.py (msgspec encodes it in C, where psycopg would adapt
 arrays value by value in Python). One statement is a
-transaction by itself, so most batches cost one round trip; a batch that mixes
-submissions and transitions, or holds a migration that drops step rows after
-(`needs_transaction`), runs in a transaction.
+transaction by itself, so a batch costs one round trip and one commit, whatever it
+mixes; only a batch holding a migration that drops step rows after
+(`needs_transaction`) runs in a transaction.
 
 Every task row a write touches gets the write's random token (`last_write`). A
 statement's answer and its commit come back together, so if the connection dies
@@ -68,6 +69,12 @@ def _new(write: NewTask | Claimed) -> NewTask:
 Outcome = bool | Exception  # applied / created, or why a submission was refused
 
 _Q = queries.load("postgres", "pyformat")
+# the statements run with the raw cursor (queries.numbered): too long for psycopg to
+# keep how it parsed them
+RAW = frozenset({"write_batch"})
+_WRITE = queries.numbered(queries.load("postgres", "named")["write_batch"])
+_APPLY = ("transitions", "steps", "history", "outbox", "alerts")
+_INSERT = ("tasks", "steps", "history", "outbox")
 _decode = msgspec.json.decode
 _NOTICE_BYTES = 7_900  # a NOTIFY payload must be shorter than 8,000 bytes
 _encode = msgspec.json.encode
@@ -100,10 +107,8 @@ class _Rows:
 
 def needs_transaction(batch: Sequence[Write]) -> bool:
     """Whether `batch` takes more than its one statement (which is a transaction by
-    itself): when it mixes submissions and transitions, or drops step rows after."""
-    kinds = {NewTask if isinstance(write, Claimed) else type(write) for write in batch}
-    return len(kinds) > 1 or any(
-        write.steps_from is not None for write in batch if isinstance(write, Transition))
+    itself): when a migration in it drops step rows after."""
+    return any(write.steps_from is not None for write in batch if isinstance(write, Transition))
 
 
 def new_token() -> int:
@@ -130,9 +135,8 @@ def _identity_outcome(task: NewTask, found: Mapping[str, Any]) -> Outcome:
     return False
 
 
-def _submissions(tasks: Sequence[NewTask | Claimed], now: float, token: int
-                 ) -> dict[str, str]:
-    rows = _Rows()
+def _add_submissions(rows: _Rows, tasks: Sequence[NewTask | Claimed], now: float,
+                     token: int) -> None:
     for write in tasks:
         if isinstance(write, Claimed):  # written as of its claim, so the snapshot its
             # scheduler holds is the row (transition.applied)
@@ -142,7 +146,21 @@ def _submissions(tasks: Sequence[NewTask | Claimed], now: float, token: int
             row, implied = submission_rows(write, now)
         rows.add("tasks", {**row, "last_write": token})
         rows.add_implied(implied)
-    return rows.params("tasks", "steps", "history", "outbox")
+
+
+def _add_transitions(rows: _Rows, transitions: Sequence[Transition], now: float, token: int
+                     ) -> dict[str, list[Row]]:
+    """Add `transitions` and the rows they imply; the step rows each would drop,
+    written after, if its transition applied."""
+    dropped: dict[str, list[Row]] = {}
+    for t in transitions:
+        rows.add("transitions", _transition_row(t, now, token))
+        for table, row in implied_rows(t, now):
+            if table == "drop":
+                dropped.setdefault(t.task_id, []).append(row)
+            else:
+                rows.add(_PARAMETER[table], row)
+    return dropped
 
 
 async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write],
@@ -161,27 +179,28 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
     index = {write.task_id: i for i, write in enumerate(batch)}
     transitions = [t for t in batch if isinstance(t, Transition)]
     submissions = [w for w in batch if isinstance(w, NewTask | Claimed)]
-    drops = _Rows()  # what the transitions that applied drop, after
+    rows = _Rows()
+    dropped = _add_transitions(rows, transitions, now, token)
+    _add_submissions(rows, submissions, now, token)
+    answer = await _write(conn, rows, transitions, submissions)
+    applied, created = answer.get("applied") or (), set(answer.get("created") or ())
+    for task_id in (*applied, *created):
+        outcomes[index[task_id]] = True
     async with conn.cursor(row_factory=dict_row) as cur:
-        # tasks the transitions ended: waiting clients are told
-        applied, finished = await _apply(cur, transitions, now, token, drops)
+        existing = [_new(w) for w in submissions if w.task_id not in created]
+        if existing:
+            await cur.execute(_Q["select_task_identities"],
+                              {"task_ids": [t.task_id for t in existing]})
+            found = {row["task_id"]: row for row in await cur.fetchall()}
+            for task in existing:
+                outcomes[index[task.task_id]] = _identity_outcome(task, found[task.task_id])
+        drops = _Rows()  # rows past the new shape's end: disjoint from those written
         for task_id in applied:
-            outcomes[index[task_id]] = True
-        if submissions:
-            await cur.execute(_Q["insert_tasks"], _submissions(submissions, now, token))
-            created = await _answer(cur)
-            existing = [_new(w) for w in submissions if w.task_id not in created]
-            for write in submissions:
-                if write.task_id in created:
-                    outcomes[index[write.task_id]] = True
-            if existing:
-                await cur.execute(_Q["select_task_identities"],
-                                  {"task_ids": [t.task_id for t in existing]})
-                found = {row["task_id"]: row for row in await cur.fetchall()}
-                for task in existing:
-                    outcomes[index[task.task_id]] = _identity_outcome(task, found[task.task_id])
-        if drops.rows["drops"]:  # rows past the new shape's end: disjoint from those written
+            for row in dropped.get(task_id, ()):
+                drops.add("drops", row)
+        if drops.rows["drops"]:
             await cur.execute(_Q["drop_steps"], drops.params("drops"))
+    finished = answer.get("finished") or []
     if ended is None:
         await tell_finished(conn, finished)
     else:
@@ -189,36 +208,30 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
     return outcomes
 
 
+async def _write(conn: psycopg.AsyncConnection[Any], rows: _Rows,
+                 transitions: Sequence[Transition], submissions: Sequence[NewTask | Claimed]
+                 ) -> Mapping[str, Any]:
+    """The batch's rows in its one statement: the transitions' (apply_transitions),
+    the submissions' (insert_tasks), or both (write_batch); its answer."""
+    if transitions and submissions:
+        async with psycopg.AsyncRawCursor(conn, row_factory=dict_row) as raw:
+            await raw.execute(_WRITE.text, _WRITE.values(rows.params(
+                "transitions", "tasks", "steps", "history", "outbox", "alerts")))
+            answer = await raw.fetchone()
+    else:
+        name, parameters = ("apply_transitions", _APPLY) if transitions else (
+            "insert_tasks", _INSERT)
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(_Q[name], rows.params(*parameters))
+            answer = await cur.fetchone()
+    assert answer is not None
+    return answer
+
+
 async def tell_finished(conn: psycopg.AsyncConnection[Any], task_ids: Sequence[str]) -> None:
     """Tell the listening clients of other processes that these tasks ended."""
     for part in notice_parts(task_ids):
         await conn.execute(_Q["notify_finished"], {"ids": part})
-
-
-async def _apply(cur: psycopg.AsyncCursor[Row], transitions: Sequence[Transition], now: float,
-                 token: int, drops: _Rows) -> tuple[set[str], list[str]]:
-    """Apply `transitions` in one statement: the tasks they were applied to, and those
-    they ended; the step rows that applied ones drop are added to `drops`."""
-    if not transitions:
-        return set(), []
-    rows = _Rows()
-    dropped: dict[str, list[Row]] = {}  # written after, if its transition applied
-    for t in transitions:
-        rows.add("transitions", _transition_row(t, now, token))
-        for table, row in implied_rows(t, now):
-            if table == "drop":
-                dropped.setdefault(t.task_id, []).append(row)
-            else:
-                rows.add(_PARAMETER[table], row)
-    await cur.execute(_Q["apply_transitions"], rows.params(
-        "transitions", "steps", "history", "outbox", "alerts"))
-    answer = await cur.fetchone()
-    assert answer is not None
-    applied = set(answer["written"] or ())
-    for task_id in applied:
-        for row in dropped.get(task_id, ()):
-            drops.add("drops", row)
-    return applied, answer["finished"] or []
 
 
 def notice_parts(task_ids: Sequence[str]) -> list[str]:
@@ -238,13 +251,6 @@ def notice_parts(task_ids: Sequence[str]) -> list[str]:
     return parts
 
 
-async def _answer(cur: psycopg.AsyncCursor[Any]) -> set[str]:
-    """The ids of the tasks a bulk statement wrote."""
-    row = await cur.fetchone()
-    assert row is not None
-    return set(row["written"] or ())
-
-
 async def written(conn: psycopg.AsyncConnection[Any], task_ids: Sequence[str],
                   token: int) -> set[str]:
     """Of these tasks, those whose last write was the one with `token`."""
@@ -258,10 +264,12 @@ def insert_sync(conn: psycopg.Connection[Any], write: NewTask | Claimed, now: fl
     a transaction by itself. False if the task existed."""
     task = _new(write)
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(_Q["insert_tasks"], _submissions([write], now, new_token()))
+        rows = _Rows()
+        _add_submissions(rows, [write], now, new_token())
+        cur.execute(_Q["insert_tasks"], rows.params(*_INSERT))
         row = cur.fetchone()
         assert row is not None
-        if not row["written"]:
+        if not row["created"]:
             found = cur.execute(_Q["select_task_identities"],
                                 {"task_ids": [task.task_id]}).fetchone()
             assert found is not None  # ON CONFLICT: it is there

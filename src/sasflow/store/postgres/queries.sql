@@ -140,32 +140,33 @@ wrote_outbox AS (
     SELECT queue, body, created_at FROM ({outbox_rows}) o
     WHERE o.task_id IN (SELECT task_id FROM written))
 
--- name: apply_transitions
--- A batch of transitions in ONE statement (its parameters: the transitions, then the
--- step, history, outbox and alert rows they imply, each as JSON):
--- - `locked`: the batch's task rows, locked in task-id order first, so every batch
---   of every process waits for rows in the same order (no deadlock). It finds them
---   by `task_id = ANY(ARRAY(...))`, an index lookup per id, and `written` joins
+-- fragment: created
+-- The submitted tasks' rows; a task that existed already is left as it was (the
+-- caller learns why from its identity: bulk.py).
+created AS (
+    INSERT INTO tasks ({new_task_columns})
+    {tasks_rows}
+    ON CONFLICT (task_id) DO NOTHING
+    RETURNING task_id, available_at, locked_by)
+
+-- fragment: applied
+-- A batch's transitions (`v`) and the ids of those that applied (`applied`):
+-- - `locked`: the transitions' task rows, locked in task-id order first, so every
+--   batch of every process waits for rows in the same order (no deadlock). It finds
+--   them by `task_id = ANY(ARRAY(...))`, an index lookup per id, and `applied` joins
 --   `locked`, so by index too: the planner takes `v` for 100 rows whatever it
 --   holds, and joined to tasks by `IN (SELECT ...)` it scanned the whole tasks
 --   table twice for every batch (with 5,000 tasks stored: 2.5-3.9 ms a batch of
 --   one, 1.1-2.3 ms now; a batch of 128 about the same);
--- - `written`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
+-- - `applied`: the fence (DESIGN invariants 2 and 4) for the whole batch: same
 --   epoch, state, owner, unit (phase, cursor) and version as when read, and
 --   (supervisor) a complete-by that has passed and the lease still held with its
---   epoch; a task not in it is left exactly as it was;
--- - the implied rows are written for the applied transitions only: each unit's row
---   with the values the transition carries (rows.implied_rows);
--- - idle schedulers are told (NOTIFY) when an applied transition released work;
--- - it answers the ids of the tasks it ended, which waiting clients are told of
---   after it committed (notify_finished).
--- A batch holds one transition per task, so no step row comes twice (which
--- ON CONFLICT DO UPDATE refuses). One statement is one transaction: it needs no
--- BEGIN or COMMIT. Answers the ids of the tasks it applied to, and of those it ended.
-WITH v AS ({transitions_rows}),
+--   epoch; a task not in it is left exactly as it was. With each, when the task
+--   becomes claimable if it released it (`wake`), and whether it ended it.
+v AS ({transitions_rows}),
 locked AS (SELECT task_id FROM tasks WHERE task_id = ANY(ARRAY(SELECT task_id FROM v))
            ORDER BY task_id FOR UPDATE),
-written AS (
+applied AS (
     UPDATE tasks t SET state = v.state, phase = v.phase, cursor = v.cursor,
            locked_by = v.locked_by, complete_by = v.complete_by,
            available_at = v.available_at, failure_count = v.failure_count, error = v.error,
@@ -179,18 +180,62 @@ written AS (
       AND (v.expired_before IS NULL OR t.complete_by < v.expired_before)
       AND (v.lease IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.name = v.lease
                                       AND l.holder = v.lease_holder AND l.epoch = v.lease_epoch))
-    RETURNING t.task_id),
-{write_implied},
+    RETURNING t.task_id, v.wake, v.finished)
+
+-- fragment: wrote_alerts
+-- The alerts of the transitions that applied.
 wrote_alerts AS (
     INSERT INTO alerts ({alert_columns})
-    SELECT * FROM ({alerts_rows}) a WHERE a.task_id IN (SELECT task_id FROM written))
-SELECT array_agg(w.task_id) AS written,
-       (SELECT pg_notify('sasflow_work', min(v.wake)::text)::text
-        FROM v WHERE v.wake IS NOT NULL AND v.task_id IN (SELECT task_id FROM written)
-        HAVING count(*) > 0) AS notified,
-       (SELECT array_agg(v.task_id) FROM v
-        WHERE v.finished AND v.task_id IN (SELECT task_id FROM written)) AS finished
-FROM written w
+    SELECT * FROM ({alerts_rows}) a WHERE a.task_id IN (SELECT task_id FROM applied))
+
+-- fragment: applied_answer
+-- The ids of the tasks the transitions applied to, and of those they ended (which
+-- waiting clients are told of after the commit: notify_finished); idle schedulers
+-- are told (NOTIFY) of the work they released.
+(SELECT array_agg(task_id) FROM applied) AS applied,
+(SELECT array_agg(task_id) FILTER (WHERE finished) FROM applied) AS finished,
+(SELECT pg_notify('sasflow_work', min(wake)::text)::text FROM applied
+ WHERE wake IS NOT NULL HAVING count(*) > 0) AS released
+
+-- fragment: created_answer
+-- The ids of the tasks created; idle schedulers are told if one was created
+-- unclaimed (not for one submitted already claimed).
+(SELECT array_agg(task_id) FROM created) AS created,
+(SELECT pg_notify('sasflow_work', min(available_at)::text)::text FROM created
+ WHERE locked_by IS NULL HAVING count(*) > 0) AS submitted
+
+-- name: apply_transitions
+-- A batch of transitions in ONE statement (its parameters: the transitions, then the
+-- step, history, outbox and alert rows they imply, each as JSON); the implied rows
+-- are written for the applied transitions only (rows.implied_rows). A batch holds
+-- one write per task, so no step row comes twice (which ON CONFLICT DO UPDATE
+-- refuses). One statement is one transaction: it needs no BEGIN or COMMIT.
+WITH {applied},
+written AS (SELECT task_id FROM applied),
+{write_implied},
+{wrote_alerts}
+SELECT {applied_answer}
+
+-- name: insert_tasks
+-- A batch of submissions in one statement (parameters: the tasks, their steps,
+-- history and outbox rows); the rows of a task that existed already are not written.
+WITH {created},
+written AS (SELECT task_id FROM created),
+{write_implied}
+SELECT {created_answer}
+
+-- name: write_batch
+-- Transitions and submissions together, in ONE statement, as the two above would
+-- write them (its parameters: those of both): a batch that mixes them costs one
+-- round trip and one commit, not a transaction of two statements. Only here: the
+-- two alone keep their own shorter plans (a batch of transitions alone cost 100 µs
+-- more written this way, bench/pg_apply.py).
+WITH {applied},
+{created},
+written AS (SELECT task_id FROM applied UNION ALL SELECT task_id FROM created),
+{write_implied},
+{wrote_alerts}
+SELECT {applied_answer}, {created_answer}
 
 -- name: notify_finished
 -- The tasks a committed batch ended, one id per line (a task id is printable): sent
@@ -200,23 +245,6 @@ FROM written w
 -- statement that writes nothing it holds it for a moment. A batch whose answer is
 -- lost tells no one: waiting clients poll too.
 SELECT pg_notify('sasflow_finished', :ids)
-
--- name: insert_tasks
--- A batch of submissions in one statement (parameters: the tasks, their steps,
--- history and outbox rows); the rows of a task that existed already are not
--- written; idle schedulers are told if a pending one was created (not for one
--- submitted already claimed). Answers the ids of the tasks created.
-WITH written AS (
-    INSERT INTO tasks ({new_task_columns})
-    {tasks_rows}
-    ON CONFLICT (task_id) DO NOTHING
-    RETURNING task_id, available_at, locked_by),
-{write_implied}
-SELECT array_agg(task_id) AS written,
-       CASE WHEN count(*) FILTER (WHERE locked_by IS NULL) > 0
-            THEN pg_notify('sasflow_work', (min(available_at) FILTER (
-                WHERE locked_by IS NULL))::text)::text END AS notified
-FROM written
 
 -- name: drop_steps
 -- What a rare transition also needs, once it is known that it applied: a migration
