@@ -24,7 +24,7 @@ from sasflow.signals import InProcessSignals
 from sasflow.store.interfaces import Store
 from sasflow.store.listing import TaskQuery
 from sasflow.store.records import Alert
-from sasflow.transition import Transition
+from sasflow.transition import Transition, applied
 from sasflow.transport.base import Transport
 from sasflow.transport.dead_letter import DeadLetter
 from sasflow.twins import blocking
@@ -76,6 +76,9 @@ class Operations:
     # ------------------------------------------------------------ tasks (E8)
     async def _operate(self, task_id: str, decide: Callable[[Plan, Task, float], Transition],
                        by: str | None = None, reason: str | None = None) -> Task:
+        """Apply the operator's action that `decide` plans, fenced; the task as the
+        action left it. (Not read again after: the schedulers it wakes may already
+        have moved the task on, and the caller asked what its action did.)"""
         plans = self._plans()
         for _ in range(_OPERATE_TRIES):  # the task may move under us: read again and retry
             task = await self.aget(task_id)
@@ -90,7 +93,7 @@ class Operations:
                 why=f"{transition.why}: {reason}" if reason else transition.why)
             if await self._store.apply(transition):
                 self._signals.wake_schedulers()
-                return await self.aget(task_id)
+                return applied(task, transition)
         raise InvalidTransitionError(f"task {task_id} keeps changing; try again",
                                      task_id=task_id)
 
