@@ -45,7 +45,7 @@ async def in_error(app: App) -> Task:
     return task
 
 
-def claimed_at_once(app: App) -> list[Task]:
+def claimed_at_once(app: App, monkeypatch: pytest.MonkeyPatch) -> list[Task]:
     """After each operator action applies, a scheduler claims the task before the
     action's caller hears back; what the store held between the two, each time."""
     store, plan = app._store, app._plans()["order"]
@@ -62,13 +62,14 @@ def claimed_at_once(app: App) -> list[Task]:
             assert await apply(plan.claim(task, SCHEDULER, store.now()))
         return True
 
-    store.apply = then_claimed  # type: ignore[method-assign]
+    monkeypatch.setattr(store, "apply", then_claimed)
     return between
 
 
-async def test_a_retry_answers_the_task_it_made_pending(app: App) -> None:
+async def test_a_retry_answers_the_task_it_made_pending(
+        app: App, monkeypatch: pytest.MonkeyPatch) -> None:
     task = await in_error(app)
-    between = claimed_at_once(app)
+    between = claimed_at_once(app, monkeypatch)
     retried = await app.aretry(task.task_id, by="test", reason="the input was fixed")
     assert retried.state is TaskState.PENDING and retried.locked_by is None
     assert [retried] == between  # field for field, the row the retry wrote
