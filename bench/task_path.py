@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import statistics
 import time
 from collections.abc import Callable
@@ -55,7 +56,14 @@ class Marks:
                 self.mark(after)
             return result
 
-        setattr(owner, method, hooked)
+        def hooked_sync(*args: Any, **kwargs: Any) -> Any:  # a method that never waits
+            self.mark(before)
+            result = original(*args, **kwargs)
+            if after is not None:
+                self.mark(after)
+            return result
+
+        setattr(owner, method, hooked if inspect.iscoroutinefunction(original) else hooked_sync)
 
 
 def segments(at: dict[str, list[float]], t0: float, t1: float) -> dict[str, float]:

@@ -29,7 +29,7 @@ from sasflow.plan import Plan
 from sasflow.store.interfaces import ClaimRule, Store
 from sasflow.testing import failpoints
 from sasflow.transition import Transition, applied
-from sasflow.transport.base import Transport, agent_queue, reply_queue
+from sasflow.transport.base import ImmediateHandler, Transport, agent_queue, reply_queue
 from sasflow.transport.dead_letter import decoded
 
 __all__ = ["Scheduler"]
@@ -144,7 +144,7 @@ class Scheduler:
 
     async def run(self) -> None:
         consumer = asyncio.create_task(self.transport.consume(
-            self.reply_queue, self._on_reply, prefetch=max(64, self.concurrency)))
+            self.reply_queue, ImmediateHandler(self._on_reply), prefetch=max(64, self.concurrency)))
         watcher = asyncio.create_task(self.store.watch(self.wake_at))
         self._loop = asyncio.get_running_loop()
         self._running = True
@@ -355,7 +355,8 @@ class Scheduler:
                        idempotency_key=unit.idempotency_key, complete_by=unit.complete_by,
                        reply_to=self.reply_queue, result=record.result if undo else None)
 
-    async def _on_reply(self, body: bytes) -> None:
+    def _on_reply(self, body: bytes) -> None:
+        # never waits: the transport may run it as the reply is read (ImmediateHandler)
         # a body that is no reply is a dead letter at once (R3), never redelivered
         reply = decoded(decode_reply, body, "reply")
         waiting = self._waiting.get(reply.task_id)

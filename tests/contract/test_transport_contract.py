@@ -18,7 +18,15 @@ from typing import Protocol
 import pytest
 
 from sasflow.errors import TransportError
-from sasflow.transport import DeadLetter, MalformedMessage, Transport, agent_queue, reply_queue
+from sasflow.transport import (
+    DeadLetter,
+    ImmediateHandler,
+    MalformedMessage,
+    Transport,
+    agent_queue,
+    reply_queue,
+)
+from sasflow.transport.memory import MemoryTransport
 
 Handler = Callable[[bytes], Awaitable[None]]
 HANG_GUARD = 60.0  # only a hang fails on it: a loaded machine is slow, never this slow
@@ -64,6 +72,9 @@ class Collector:
         self._changed = asyncio.Event()
 
     async def __call__(self, body: bytes) -> None:
+        self.take(body)
+
+    def take(self, body: bytes) -> None:
         self.bodies.append(body)
         self._changed.set()
 
@@ -88,6 +99,20 @@ class InFlight:
 
     async def __aexit__(self, *exc: object) -> None:
         self.now -= 1
+
+
+def handler_of(style: str, now: Callable[[bytes], None]) -> Handler:
+    """`now` as a handler of `style`: ``immediate`` (an ImmediateHandler, which a
+    transport may call as the message is read) or ``awaited`` (a coroutine function)."""
+    if style == "immediate":
+        return ImmediateHandler(now)
+
+    async def awaited(body: bytes) -> None:
+        now(body)
+    return awaited
+
+
+STYLES = pytest.mark.parametrize("style", ["awaited", "immediate"])
 
 
 def consumes(transport: Transport, queue: str) -> bool:
@@ -268,6 +293,28 @@ async def test_a_queue_is_consumed_exactly_while_a_consumer_runs(
     assert not consumes(transport, queue)
 
 
+async def test_an_immediate_handler_gets_each_of_many_concurrent_publishes_once(
+        transport: Transport, consumers: Consumers, queue_name: QueueName) -> None:
+    """A handler that never waits (a scheduler's, of its replies) gets each of hundreds
+    published at once to a reply queue, where a transport may pack them together.
+    The in-process transport calls it in its consumer's own task: no task a message."""
+    queue = reply_queue(queue_name("immediate").replace(".", "-"))
+    sent = [f"r{n}".encode() for n in range(300)]
+    done = Collector()
+    tasks: set[asyncio.Task[object] | None] = set()
+
+    def take(body: bytes) -> None:
+        tasks.add(asyncio.current_task())
+        done.take(body)
+
+    consumer = consumers.start(queue, ImmediateHandler(take), prefetch=8)
+    await asyncio.gather(*(transport.publish(queue, body) for body in sent))
+    assert sorted(await done.until(len(sent))) == sorted(sent)
+    assert sorted(await behind_a_marker(transport, queue, done)) == sorted(sent)
+    if isinstance(transport, MemoryTransport):
+        assert tasks == {consumer}
+
+
 async def test_many_concurrent_publishes_to_an_agent_queue_all_arrive(
         transport: Transport, consumers: Consumers, queue_name: QueueName) -> None:
     """Hundreds published at once to sasflow's own queue (a transport may pack them
@@ -350,9 +397,10 @@ def loud_lines(caplog: pytest.LogCaptureFixture, queue: str) -> list[logging.Log
 
 
 @pytest.mark.parametrize("kind", ["requests", "replies"])
+@STYLES
 async def test_a_malformed_message_is_dead_lettered_at_once_and_consuming_goes_on(
         bounded: Transport, bounded_consumers: Consumers, queue_name: QueueName, kind: str,
-        caplog: pytest.LogCaptureFixture) -> None:
+        style: str, caplog: pytest.LogCaptureFixture) -> None:
     """A body the handler cannot decode is delivered once, kept as a dead letter with its
     reason, logged in one line without a traceback; the messages after it are handled."""
     caplog.set_level(logging.DEBUG)
@@ -361,13 +409,13 @@ async def test_a_malformed_message_is_dead_lettered_at_once_and_consuming_goes_o
     calls: dict[bytes, int] = {}
     good = Collector()
 
-    async def decoding(body: bytes) -> None:
+    def decoding(body: bytes) -> None:
         calls[body] = calls.get(body, 0) + 1
         if body.startswith(b"\xff"):
             raise MalformedMessage(f"not a request: {body!r} does not decode")
-        await good(body)
+        good.take(body)
 
-    bounded_consumers.start(queue, decoding, prefetch=8)
+    bounded_consumers.start(queue, handler_of(style, decoding), prefetch=8)
     for body in (b"before", b"\xff{not json", b"after"):
         await bounded.publish(queue, body)
     letter = await dead_letter_of(bounded, queue)
@@ -385,9 +433,10 @@ async def test_a_malformed_message_is_dead_lettered_at_once_and_consuming_goes_o
 
 
 @pytest.mark.parametrize("kind", ["requests", "replies"])
+@STYLES
 async def test_a_handler_that_keeps_raising_is_retried_up_to_the_bound_then_dead_lettered(
         bounded: Transport, bounded_consumers: Consumers, queue_name: QueueName, kind: str,
-        caplog: pytest.LogCaptureFixture) -> None:
+        style: str, caplog: pytest.LogCaptureFixture) -> None:
     """A well-formed message whose handler raises every time is delivered MAX_DELIVERIES
     times, each after a longer backoff (never hot), then dead-lettered with the error's
     text; good messages keep flowing, and the log holds one line for it."""
@@ -398,13 +447,13 @@ async def test_a_handler_that_keeps_raising_is_retried_up_to_the_bound_then_dead
     good = Collector()
     loop = asyncio.get_running_loop()
 
-    async def handler(body: bytes) -> None:
+    def handler(body: bytes) -> None:
         if body == b"bad":
             seen.append(loop.time())
             raise RuntimeError("the remote said no")
-        await good(body)
+        good.take(body)
 
-    bounded_consumers.start(queue, handler, prefetch=4)
+    bounded_consumers.start(queue, handler_of(style, handler), prefetch=4)
     await bounded.publish(queue, b"bad")
     for n in range(5):
         await bounded.publish(queue, f"good{n}".encode())

@@ -7,14 +7,15 @@ from sasflow.redact import guard_loggers, redact
 from sasflow.transport.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Handler,
+    ImmediateHandler,
     Transport,
     agent_queue,
     reply_queue,
 )
 from sasflow.transport.dead_letter import BoxOpener, DeadLetter, MalformedMessage, split_policy
 
-__all__ = ["DeadLetter", "Handler", "MalformedMessage", "Transport", "agent_queue",
-           "is_in_process", "open_transport", "reply_queue"]
+__all__ = ["DeadLetter", "Handler", "ImmediateHandler", "MalformedMessage", "Transport",
+           "agent_queue", "is_in_process", "open_transport", "reply_queue"]
 
 
 def is_in_process(url: str | None) -> bool:

@@ -44,7 +44,7 @@ from sasflow.transport.amqp_dead_letters import (
     dead_letter_message,
     number,
 )
-from sasflow.transport.base import Handler
+from sasflow.transport.base import Handler, ImmediateHandler
 from sasflow.transport.dead_letter import MalformedMessage, letter_for, log_dead_letter
 
 if TYPE_CHECKING:
@@ -118,6 +118,8 @@ class AmqpConsumer:
 
     async def _handle(self, body: bytes) -> Exception | None:
         """The handler's error, if it raised (bounded by the slots)."""
+        if isinstance(self.handler, ImmediateHandler):
+            return self._handle_now(self.handler, body)
         async with self.slots:
             try:
                 await self.handler(body)
@@ -159,8 +161,20 @@ class AmqpConsumer:
             bodies = decode_bundle(payload)
         except msgspec.DecodeError as error:  # the bundle itself is the dead letter
             return [(payload, MalformedMessage(f"not a bundle: {error}"))]
+        if isinstance(self.handler, ImmediateHandler):  # one by one, with no task each
+            handler = self.handler
+            return [(body, self._handle_now(handler, body)) for body in bodies]
         errors = await asyncio.gather(*(self._handle(body) for body in bodies))
         return list(zip(bodies, errors, strict=True))
+
+    def _handle_now(self, handler: ImmediateHandler, body: bytes) -> Exception | None:
+        """The error of a handler that never waits, if it raised (it takes no slot)."""
+        try:
+            handler.now(body)
+        except Exception as error:
+            log.debug("handler for %s raised", self.queue, exc_info=True)
+            return error
+        return None
 
     async def _after_failure(self, body: bytes, deliveries: int, first_seen: float,
                              error: Exception) -> bool:

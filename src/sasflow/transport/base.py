@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from sasflow.transport.dead_letter import DeadLetter
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Handler", "Transport", "agent_queue", "carries_bundles",
-           "reply_queue"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Handler", "ImmediateHandler", "Transport", "agent_queue",
+           "carries_bundles", "reply_queue"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
@@ -27,6 +27,24 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 # A handler raises MalformedMessage (dead_letter.py) for a body it cannot
 # decode: that message is a dead letter at once (R3).
 Handler = Callable[[bytes], Awaitable[None]]
+
+
+class ImmediateHandler:
+    """A handler whose work is done when it returns: it never waits.
+
+    A transport that knows this type may call `now(body)` as each message is
+    read, with no task of its own: for a handler this small (a scheduler's
+    replies, each setting a future) the task, not the handler, was the cost.
+    Awaited, it does the same, so every transport can take it as a Handler.
+    """
+
+    __slots__ = ("now",)
+
+    def __init__(self, now: Callable[[bytes], None]) -> None:
+        self.now = now
+
+    async def __call__(self, body: bytes) -> None:
+        self.now(body)
 
 
 _AGENT_PREFIX = "sasflow.agent."

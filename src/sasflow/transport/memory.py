@@ -16,9 +16,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from sasflow.errors import TransportError
-from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
+from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, ImmediateHandler
 from sasflow.transport.dead_letter import (
     DEFAULT_POLICY,
     BoxOpener,
@@ -99,6 +101,20 @@ class MemoryTransport:
             timer = loop.call_later(self.policy.delay(message.failures), put_back)
             self._timers.add(timer)
 
+        async def failed(message: _Message, error: Exception) -> None:
+            message.failures += 1
+            message.first_seen = message.first_seen or time.time()
+            if isinstance(error, MalformedMessage) or self.policy.exhausted(message.failures):
+                await self._dead_letter(queue, message, error)
+            else:
+                log.debug("handler for %s raised; delivering again", queue, exc_info=error)
+                put_back_later(message)
+
+        def start(work: Coroutine[Any, Any, None]) -> None:
+            task = asyncio.ensure_future(work)
+            running.add(task)
+            task.add_done_callback(running.discard)
+
         async def handle(message: _Message) -> None:
             try:
                 await handler(message.body)
@@ -106,24 +122,24 @@ class MemoryTransport:
                 q.put_nowait(message)  # not acked: redeliver, this delivery not counted
                 raise
             except Exception as error:
-                message.failures += 1
-                message.first_seen = message.first_seen or time.time()
-                if isinstance(error, MalformedMessage) or self.policy.exhausted(
-                        message.failures):
-                    await self._dead_letter(queue, message, error)
-                else:
-                    log.debug("handler for %s raised; delivering again", queue, exc_info=True)
-                    put_back_later(message)
+                await failed(message, error)
             finally:
                 slots.release()
 
         try:
+            if isinstance(handler, ImmediateHandler):
+                # done when it returns: run here, each message as it is read, no slot
+                # and no task (only a failure's handling, which may wait, gets one)
+                now = handler.now
+                while True:
+                    message = await q.get()
+                    try:
+                        now(message.body)
+                    except Exception as error:
+                        start(failed(message, error))
             while True:
                 await slots.acquire()
-                message = await q.get()
-                task = asyncio.ensure_future(handle(message))
-                running.add(task)
-                task.add_done_callback(running.discard)
+                start(handle(await q.get()))
         finally:
             self._consumed[queue] -= 1
             for task in list(running):
