@@ -9,7 +9,12 @@ on SQLite, and divides by the 3 N completed steps. With ``--src`` (checkouts, co
 an empty one is this one) each tree is counted in a child of its own, so a change's count
 can be put beside the commit before it.
 
+With ``--modes`` the same count is made with metrics on, with tracing (an SDK
+provider whose sampler keeps ``--sample`` of the tasks, its spans dropped), or
+both: what the instrumentation adds to a step, in calls.
+
 Usage: python bench/loop_calls_per_step.py [--n 2000] [--src ,DIR]
+           [--modes off,metrics,tracing,both] [--sample 0.01]
 Prints one JSON line.
 """
 
@@ -28,8 +33,13 @@ import common as C
 STUCK_S = 300.0
 
 
-def count(n: int) -> dict[str, float]:
+def count(n: int, mode: str, sample: float) -> dict[str, float]:
     from workload import WORKFLOW, make_app
+
+    if mode in ("tracing", "both"):
+        from observability import _trace_into_nothing
+
+        _trace_into_nothing(sample)  # before the roles start: each looks for one then
 
     path = os.path.join(C.scratch_dir("loop-calls"), f"s{os.getpid()}.db")
     C.remove_db(path)
@@ -46,7 +56,7 @@ def count(n: int) -> dict[str, float]:
             counted["tasks"] += 1
             return asyncio.Task(coro, loop=loop, **kwargs)
 
-        app.start(concurrency=1024)
+        app.start(concurrency=1024, metrics=mode in ("metrics", "both"))
         loop = app._loop.loop
         started, stopped = threading.Event(), threading.Event()
 
@@ -82,16 +92,22 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--src", default="", help="checkouts, comma-separated (empty: this one)")
+    ap.add_argument("--modes", default="off",
+                    help="comma-separated: off, metrics (app.start(metrics=True)), tracing (an"
+                         " SDK provider, spans dropped), both")
+    ap.add_argument("--sample", type=float, default=0.01,
+                    help="the share of tasks traced (a ratio sampler below 1)")
+    ap.add_argument("--mode", default="off", help=argparse.SUPPRESS)
     ap.add_argument("--role", default="main", choices=["main", "one"])
     a = ap.parse_args()
     if a.role == "one":
-        C.emit(count(a.n))
+        C.emit(count(a.n, a.mode, a.sample))
         return
-    results = {src or "this": C.run_child("loop_calls_per_step.py",
-                                          ["--role", "one", "--n", str(a.n)], STUCK_S,
-                                          src=src or None)
-               for src in a.src.split(",")}
-    C.emit({"bench": "loop_calls_per_step", "n": a.n, "trees": results})
+    results = {f"{src or 'this'} {mode}": C.run_child(
+        "loop_calls_per_step.py", ["--role", "one", "--n", str(a.n), "--mode", mode,
+                                   "--sample", str(a.sample)], STUCK_S, src=src or None)
+        for src in a.src.split(",") for mode in a.modes.split(",")}
+    C.emit({"bench": "loop_calls_per_step", "n": a.n, "sample": a.sample, "runs": results})
 
 
 if __name__ == "__main__":

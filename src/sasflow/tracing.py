@@ -88,21 +88,49 @@ def configured() -> Tracing | None:
 
 @functools.lru_cache(maxsize=8)  # one a provider: a process's actors share its decisions
 def _task_sampler(provider: Any) -> Callable[[str], bool]:
-    """Whether the provider's sampler keeps a task's trace, asked as for a root span of
-    its trace id: so a task's spans are kept or dropped all together, by the sampler
-    the application chose (ParentBased(TraceIdRatioBased(0.01)) keeps 1%)."""
+    """Whether the provider's sampler keeps a task's trace, decided as for a root span
+    of its trace id (whatever span is current where it is asked): so a task's spans
+    are kept or dropped all together, by the sampler the application chose
+    (ParentBased(TraceIdRatioBased(0.01)) keeps 1%)."""
     sampler = getattr(provider, "sampler", None)  # the SDK's; another provider decides itself
     if sampler is None:
         return lambda task_id: True
+    decide = _root_decision(sampler)
 
     # asked at each of a task's attempts and agent calls, by every actor of the
-    # process: a task's first question costs 2-3 µs (its id hashed, the sampler
-    # asked), the next ones a dictionary lookup
+    # process: a task's first question hashes its id, the next ones are a lookup
     @functools.lru_cache(maxsize=4096)
     def kept(task_id: str) -> bool:
-        return bool(sampler.should_sample(None, _ids(task_id)[0], "task").decision.is_sampled())
+        return decide(_ids(task_id)[0])
 
     return kept
+
+
+def _root_decision(sampler: Any) -> Callable[[int], bool]:
+    """How `sampler` decides for a root span of a trace id.
+
+    The SDK's own samplers (ALWAYS_ON, ALWAYS_OFF and TraceIdRatioBased, alone or
+    under ParentBased, whose root decides where there is no parent) are read, not
+    called: a call makes a result object and looks the parent up in the context,
+    about 30 calls a task where the ratio's comparison is one. Any other sampler,
+    a subclass of theirs included, is asked, with an empty context as the parent.
+    """
+    try:
+        from opentelemetry.context import Context
+        from opentelemetry.sdk.trace import sampling
+    except ImportError:  # a provider of another SDK that has a sampler
+        return lambda trace_id: True
+    root = getattr(sampler, "_root", None) if type(sampler) is sampling.ParentBased else sampler
+    if root is sampling.ALWAYS_ON:
+        return lambda trace_id: True
+    if root is sampling.ALWAYS_OFF:
+        return lambda trace_id: False
+    if type(root) is sampling.TraceIdRatioBased:
+        bound, limit = root.bound, root.TRACE_ID_LIMIT
+        return lambda trace_id: trace_id & limit < bound  # what its should_sample compares
+    no_parent = Context()
+    return lambda trace_id: bool(
+        sampler.should_sample(no_parent, trace_id, "task").decision.is_sampled())
 
 
 class Tracing:

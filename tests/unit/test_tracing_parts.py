@@ -15,8 +15,17 @@ from typing import Any
 import msgspec
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.sampling import Decision, ParentBased, TraceIdRatioBased
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    DEFAULT_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 
 from sasflow import tracing
 from sasflow.errors import PermanentError, StoreError
@@ -262,6 +271,41 @@ async def test_a_process_asks_the_sampler_once_a_task_and_drops_it_without_a_spa
             await agent_side.calls(_ok, "inventory", request)(1)
     assert asked == [int(trace_id_of(f"order-{n}"), 16) for n in range(3)]
     assert not spans.all()
+
+
+class _Odd(TraceIdRatioBased):
+    """A sampler of the application's own (here: keeps the odd trace ids)."""
+
+    def should_sample(self, parent_context: Any, trace_id: int, *args: Any,
+                      **kwargs: Any) -> Any:
+        return super().should_sample(parent_context, trace_id | 1 if trace_id % 2 else 0,
+                                     *args, **kwargs)
+
+
+@pytest.mark.parametrize("sampler", [
+    ParentBased(TraceIdRatioBased(0.01)), ParentBased(TraceIdRatioBased(0.5)),
+    TraceIdRatioBased(0.3), ALWAYS_ON, ALWAYS_OFF, DEFAULT_ON, ParentBased(ALWAYS_OFF),
+    ParentBased(_Odd(1.0)), _Odd(1.0)], ids=repr)
+def test_a_tasks_decision_is_the_samplers_own_for_a_root_span(sampler: Sampler) -> None:
+    """The SDK's samplers are read rather than called (tracing._root_decision); for
+    2,000 tasks the decision is what the sampler itself gives a root span of the
+    task's trace, and a sampler of the application's own is asked."""
+    kept = tracing._task_sampler(TracerProvider(sampler=sampler))
+    ids = [f"task-{n}" for n in range(2000)]
+    expected = [sampler.should_sample(Context(), int(trace_id_of(i), 16), "t").decision
+                is Decision.RECORD_AND_SAMPLE for i in ids]
+    assert [kept(i) for i in ids] == expected
+
+
+def test_a_tasks_decision_does_not_follow_the_span_current_where_it_is_asked() -> None:
+    """Asked while a sampled span is current (a web request's, say), a ParentBased
+    sampler would follow it as a parent: the task's decision is its root's, here to
+    drop every task, in whatever context its first attempt happens to run."""
+    kept = tracing._task_sampler(TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0))))
+    outer = TracerProvider().get_tracer("test").start_span("request")
+    assert outer.get_span_context().trace_flags.sampled
+    with trace.use_span(outer, end_on_exit=True):
+        assert not any(kept(f"task-{n}") for n in range(200))
 
 
 # ---------------------------------------------------------------- an agent call's span
