@@ -285,7 +285,9 @@ class _Odd(TraceIdRatioBased):
 @pytest.mark.parametrize("sampler", [
     ParentBased(TraceIdRatioBased(0.01)), ParentBased(TraceIdRatioBased(0.5)),
     TraceIdRatioBased(0.3), ALWAYS_ON, ALWAYS_OFF, DEFAULT_ON, ParentBased(ALWAYS_OFF),
-    ParentBased(_Odd(1.0)), _Odd(1.0)], ids=repr)
+    ParentBased(_Odd(1.0)), _Odd(1.0)], ids=[
+    "parent-ratio-0.01", "parent-ratio-0.5", "ratio-0.3", "always-on", "always-off",
+    "default-on", "parent-always-off", "parent-own", "own"])
 def test_a_tasks_decision_is_the_samplers_own_for_a_root_span(sampler: Sampler) -> None:
     """The SDK's samplers are read rather than called (tracing._root_decision); for
     2,000 tasks the decision is what the sampler itself gives a root span of the
