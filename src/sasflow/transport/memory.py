@@ -137,9 +137,10 @@ class MemoryTransport:
                         now(message.body)
                     except Exception as error:
                         start(failed(message, error))
-            while True:
-                await slots.acquire()
-                start(handle(await q.get()))
+            else:
+                while True:
+                    await slots.acquire()
+                    start(handle(await q.get()))
         finally:
             self._consumed[queue] -= 1
             for task in list(running):
