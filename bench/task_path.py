@@ -71,9 +71,12 @@ def segments(at: dict[str, list[float]], t0: float, t1: float) -> dict[str, floa
     out = {"submission": at["submitted"][0] - t0,
            "to_first_request": at["publish"][0] - at["submitted"][0]}
     for s in range(STEPS):
-        out[f"step{s + 1}_request_hop"] = at["agent_in"][s] - at["publish"][s]
-        out[f"step{s + 1}_agent"] = at["reply_out"][s] - at["agent_in"][s]
-        out[f"step{s + 1}_reply_hop"] = at["reply_in"][s] - at["reply_out"][s]
+        if at["agent_in"]:
+            out[f"step{s + 1}_request_hop"] = at["agent_in"][s] - at["publish"][s]
+            out[f"step{s + 1}_agent"] = at["reply_out"][s] - at["agent_in"][s]
+            out[f"step{s + 1}_reply_hop"] = at["reply_in"][s] - at["reply_out"][s]
+        else:  # the agents run elsewhere: the request's publish to its reply handled
+            out[f"step{s + 1}_round_trip"] = at["reply_in"][s] - at["publish"][s]
         out[f"step{s + 1}_to_write"] = at["apply_in"][s] - at["reply_in"][s]
         out[f"step{s + 1}_write"] = at["apply_out"][s] - at["apply_in"][s]
         if s + 1 < STEPS:
@@ -83,7 +86,7 @@ def segments(at: dict[str, list[float]], t0: float, t1: float) -> dict[str, floa
     return out
 
 
-def measure(transport: str, n: int) -> dict[str, float]:
+def measure(transport: str, n: int, agents_elsewhere: bool) -> dict[str, float]:
     marks = Marks()
     marks.hook(scheduler.Scheduler, "_exchange", "publish")
     marks.hook(scheduler.Scheduler, "_on_reply", "reply_in")
@@ -93,7 +96,11 @@ def measure(transport: str, n: int) -> dict[str, float]:
     samples: list[dict[str, float]] = []
     with Deployment(transport) as d:
         app = d.app()
-        app.start(concurrency=64)
+        if agents_elsewhere:
+            d.start_agents(1)
+            app.start(roles=d.roles(), concurrency=64, instance_id=d.instance("scheduler"))
+        else:
+            app.start(concurrency=64)
         try:
             for i in range(WARM_UP + n):
                 marks.at.clear()
@@ -113,9 +120,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--transport", default="memory", choices=["memory", "amqp", "redis"])
     ap.add_argument("--n", type=int, default=60)
+    ap.add_argument("--agents-elsewhere", action="store_true",
+                    help="agents in a `sasflow worker` process, as latency_rounds.py runs"
+                         " them (amqp, redis): a step's two hops and its agent timed as one")
     a = ap.parse_args()
+    if a.agents_elsewhere and a.transport == "memory":
+        raise SystemExit("--agents-elsewhere needs a broker: --transport amqp or redis")
     C.emit({"peer": "sasflow", "backend": "pg", "bench": "task_path", "transport": a.transport,
-            "n": a.n, "median_ms": measure(a.transport, a.n)})
+            "agents_elsewhere": a.agents_elsewhere, "n": a.n,
+            "median_ms": measure(a.transport, a.n, a.agents_elsewhere)})
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -75,6 +76,9 @@ class Scheduler:
         # a lost broker fails every driver at once: one line per cause, not a traceback each
         self._failures = Repeats(log, "task driver failed; its task is left to the supervisor")
         self._tracing = tracing.configured()  # None unless a tracer provider is set up
+        # RabbitMQ's confirm may come after the reply: the reply, or a failed publish, ends a wait
+        self._publish_soon: Callable[[str, bytes], asyncio.Future[None]] | None = getattr(
+            transport, "publish_soon", None)
 
     def wake(self) -> None:
         """Look for work now (a task was submitted or released in this process)."""
@@ -335,13 +339,20 @@ class Scheduler:
         # a plain timer, not asyncio.timeout(): this runs once per step
         delay = max(0.0, request.complete_by - self.store.now())
         timer = loop.call_later(delay, _give_up, future)
+        sent: asyncio.Future[None] | None = None
         try:
             if failpoints.ARMED: await failpoints.hit("scheduler.before_publish")  # noqa: E701
-            await self.transport.publish(agent_queue(request.agent), body)
+            if self._publish_soon is None:
+                await self.transport.publish(agent_queue(request.agent), body)
+            else:
+                sent = self._publish_soon(agent_queue(request.agent), body)
+                sent.add_done_callback(functools.partial(_unless_replied, future))
             return await future
         finally:
             timer.cancel()
             self._waiting.pop(request.task_id, None)
+            if sent is not None and future.cancelled():
+                sent.cancel()  # the driver stops: a request still waiting is not sent
 
     def _request(self, task: Task) -> Request:
         record = task.steps[task.cursor]
@@ -373,6 +384,14 @@ def _refused(request: Request, error: str) -> Reply:
     log.error("%s/%s: %s", request.task_id, request.step, error)
     return Reply(task_id=request.task_id, step=request.step, phase=request.phase,
                  epoch=request.epoch, ok=False, error=error, permanent=True)
+
+
+def _unless_replied(future: asyncio.Future[Reply | None], sent: asyncio.Future[None]) -> None:
+    """A request's publish ended: had it failed, the wait ends with its error, unless
+    the reply is in (then the request evidently arrived)."""
+    error = None if sent.cancelled() else sent.exception()  # (read: never reported lost)
+    if error is not None and not future.done():
+        future.set_exception(error)
 
 
 def _give_up(future: asyncio.Future[Reply | None]) -> None:

@@ -301,6 +301,32 @@ async def test_publish_returns_only_once_the_broker_confirmed(
     assert counted == 2
 
 
+@pytest.mark.parametrize("kind", ["own", "plain"])
+async def test_publish_soon_sends_at_once_and_ends_once_the_broker_confirmed(
+        proxy: FaultProxy, queue: str, own_queue: str,
+        broker: AbstractRobustConnection, kind: str) -> None:
+    """What a scheduler's request rests on (scheduler.py): the message reaches the broker
+    without anyone waiting, and the future ends only with the confirm."""
+    target = own_queue if kind == "own" else queue
+    transport = amqp.AmqpTransport(f"amqp://guest:guest@127.0.0.1:{proxy.port}/{OPTIONS}")
+    try:
+        await transport.publish(target, b"first")  # connected, queue declared
+        proxy.set_mode("hold-answers")
+        sent = transport.publish_soon(target, b"second")
+        async with asyncio.timeout(HANG_GUARD):
+            while await message_count(broker, target) < 2:
+                await asyncio.sleep(0.01)
+        await until(lambda: proxy.held)  # the broker answered (its confirm): held back
+        assert not sent.done(), "the future ended before the broker's confirm arrived"
+        proxy.set_mode("pass")
+        async with asyncio.timeout(HANG_GUARD):
+            await sent
+        with pytest.raises(TransportError, match="over the limit"):
+            transport.publish_soon(target, b"x" * (transport.max_message_bytes + 1))
+    finally:
+        await transport.close()
+
+
 async def test_messages_are_persistent_in_durable_queues(
         transports: Callable[..., Transport], queue: str,
         broker: AbstractRobustConnection) -> None:

@@ -2,7 +2,7 @@
 
 Driven with a fake `send` that records what would go to the broker, so each rule
 is shown without one: what waits together goes together, within the caps; a lone
-message goes plain; every caller returns only after its own bundle's confirm.
+message goes plain; every caller's future ends only after its own bundle's confirm.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def test_a_bundle_round_trips() -> None:
 async def test_publishes_of_one_loop_turn_go_together_and_a_lone_one_goes_plain() -> None:
     broker = Broker()
     bundler = Bundler(broker, max_bytes=1 << 20)
-    await bundler.publish("q", b"alone")
-    await asyncio.gather(*(bundler.publish("q", f"m{n}".encode()) for n in range(100)))
+    await bundler.post("q", b"alone")
+    await asyncio.gather(*(bundler.post("q", f"m{n}".encode()) for n in range(100)))
     assert broker.sent[0] == ("q", [b"alone"])
     together = [body for _, bodies in broker.sent[1:] for body in bodies]
     assert together == [f"m{n}".encode() for n in range(100)]  # publishing order kept
@@ -73,7 +73,7 @@ async def test_publishes_of_one_loop_turn_go_together_and_a_lone_one_goes_plain(
 async def test_bundles_keep_within_the_message_and_byte_caps() -> None:
     broker = Broker()
     bundler = Bundler(broker, max_bytes=1000, max_messages=10)
-    await asyncio.gather(*(bundler.publish("q", bytes(95)) for _ in range(60)))
+    await asyncio.gather(*(bundler.post("q", bytes(95)) for _ in range(60)))
     sizes = [len(bodies) for _, bodies in broker.sent]
     assert sum(sizes) == 60
     assert max(sizes) <= 10
@@ -85,22 +85,22 @@ async def test_bundles_keep_within_the_message_and_byte_caps() -> None:
 async def test_a_body_as_big_as_the_limit_goes_alone() -> None:
     broker = Broker()
     bundler = Bundler(broker, max_bytes=100)
-    await asyncio.gather(bundler.publish("q", bytes(100)), bundler.publish("q", bytes(100)),
-                         bundler.publish("q", bytes(100)))
+    await asyncio.gather(bundler.post("q", bytes(100)), bundler.post("q", bytes(100)),
+                         bundler.post("q", bytes(100)))
     assert [len(bodies) for _, bodies in broker.sent] == [1, 1, 1]
 
 
 async def test_queues_are_bundled_apart() -> None:
     broker = Broker()
     bundler = Bundler(broker, max_bytes=1 << 20)
-    await asyncio.gather(*(bundler.publish(f"q{n % 2}", f"m{n}".encode()) for n in range(20)))
+    await asyncio.gather(*(bundler.post(f"q{n % 2}", f"m{n}".encode()) for n in range(20)))
     for queue, bodies in broker.sent:
         assert all(int(body[1:]) % 2 == int(queue[1:]) for body in bodies)
 
 
 async def test_publish_waits_for_its_own_bundles_confirm() -> None:
     broker, bundler = held_broker()
-    publishing = [asyncio.create_task(bundler.publish("q", b"x")) for _ in range(5)]
+    publishing = [bundler.post("q", b"x") for _ in range(5)]
     await until(lambda: sum(len(bodies) for _, bodies in broker.sent) == 5)
     assert not any(task.done() for task in publishing)
     broker.confirm.set()
@@ -111,11 +111,11 @@ async def test_a_failed_send_fails_every_publish_in_that_bundle() -> None:
     broker = Broker()
     broker.fail = TransportError("broker gone")
     bundler = Bundler(broker, max_bytes=1 << 20)
-    results = await asyncio.gather(*(bundler.publish("q", b"x") for _ in range(10)),
+    results = await asyncio.gather(*(bundler.post("q", b"x") for _ in range(10)),
                                    return_exceptions=True)
     assert all(isinstance(r, TransportError) for r in results)
     broker.fail = None
-    await bundler.publish("q", b"after")  # the queue is usable again
+    await bundler.post("q", b"after")  # the queue is usable again
     assert broker.sent[-1] == ("q", [b"after"])
 
 
@@ -127,10 +127,10 @@ async def test_a_cancelled_publish_still_waiting_is_not_sent() -> None:
         return len(broker.sent) == count
 
     for n in (1, 2):  # two bundles being sent: later publishes wait
-        first.append(asyncio.create_task(bundler.publish("q", b"first")))
+        first.append(bundler.post("q", b"first"))
         await until(partial(sent, n))
-    cancelled = asyncio.create_task(bundler.publish("q", b"cancelled"))
-    kept = asyncio.create_task(bundler.publish("q", b"kept"))
+    cancelled = bundler.post("q", b"cancelled")
+    kept = bundler.post("q", b"kept")
     await until(lambda: waiting(bundler, "q") == 2)
     cancelled.cancel()
     broker.confirm.set()
@@ -146,9 +146,9 @@ async def test_close_fails_the_publishes_being_sent_and_those_waiting() -> None:
         return bool(broker.sent) and broker.sent[-1] == ("q", [body])
 
     for body in (b"a", b"b"):  # two bundles being sent ...
-        publishing.append(asyncio.create_task(bundler.publish("q", body)))
+        publishing.append(bundler.post("q", body))
         await until(partial(sent_last, body))
-    publishing.append(asyncio.create_task(bundler.publish("q", b"waits")))
+    publishing.append(bundler.post("q", b"waits"))
     await until(lambda: waiting(bundler, "q") == 1)  # ... the third waits
     assert [bodies for _, bodies in broker.sent] == [[b"a"], [b"b"]]
     await bundler.close()

@@ -119,14 +119,31 @@ class AmqpTransport:
         return exchange
 
     async def publish(self, queue: str, body: bytes) -> None:
+        self._refuse_oversized(queue, body)
+        if carries_bundles(queue):
+            await self._bundler.post(queue, body)
+        else:
+            await self._send(queue, body, False)
+
+    def publish_soon(self, queue: str, body: bytes) -> asyncio.Future[None]:
+        """`publish`, started: the future ends once the broker confirmed the message.
+
+        The broker confirms a persistent message once it is on disk or once every
+        queue's consumer acked it, and an agent acks a request after its reply is
+        confirmed in turn: a request's confirm comes after its reply. A scheduler
+        therefore waits for the reply or for this future to fail, whichever comes
+        first (scheduler.py), not for the confirm.
+        """
+        self._refuse_oversized(queue, body)
+        if carries_bundles(queue):
+            return self._bundler.post(queue, body)
+        return asyncio.ensure_future(self._send(queue, body, False))
+
+    def _refuse_oversized(self, queue: str, body: bytes) -> None:
         if len(body) > self.max_message_bytes:
             raise TransportError(
                 f"message of {len(body)} bytes to {queue} is over the limit of"
                 f" {self.max_message_bytes} bytes")
-        if carries_bundles(queue):
-            await self._bundler.publish(queue, body)
-        else:
-            await self._send(queue, body, False)
 
     async def _send(self, queue: str, body: bytes, bundle: bool,
                     headers: FieldTable | None = None) -> None:

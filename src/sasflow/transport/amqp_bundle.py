@@ -7,7 +7,7 @@ the same queue are published within one turn of the loop; sent one by one, the
 client, not the broker, was the limit (docs/benchmarks.md). So publishes to a
 queue that arrive while its previous bundle is being sent gather into the next
 one: one persistent message, one confirm, one delivery, one ack. Each caller's
-`publish` still returns only once the broker confirmed the bundle holding its
+future (`post`) still ends only once the broker confirmed the bundle holding its
 message. A message that finds the queue idle goes alone, as a plain message.
 
 Only sasflow's own queues (agent requests, scheduler replies) carry bundles: an
@@ -73,8 +73,9 @@ class Bundler:
         self._queues: dict[str, _Queue] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def publish(self, queue: str, body: bytes) -> None:
-        """Send `body` to `queue` in the next bundle; return once the broker confirmed it."""
+    def post(self, queue: str, body: bytes) -> asyncio.Future[None]:
+        """Queue `body` for `queue`'s next bundle: the future ends once the broker
+        confirmed it. Cancelled while it still waits, it is not sent."""
         state = self._queues.get(queue)
         if state is None:
             state = self._queues[queue] = _Queue()
@@ -85,7 +86,7 @@ class Bundler:
             task = asyncio.create_task(self._drain(queue, state))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        await future
+        return future
 
     async def close(self) -> None:
         """Stop sending; publishes still waiting fail with TransportError."""
