@@ -30,6 +30,12 @@ class _Keyed(Protocol):
     def task_id(self) -> str: ...
 
 
+# Two batches hold a default scheduler's 1,024 tasks in flight: one is written while the
+# next gathers. Caps of 128 and 256 made four to eight statements of the same writes,
+# which cost the server more (CPU a step +12%, steps/s -15%); one batch of 1,024 left
+# nothing to overlap (steps/s -25%) (docs/benchmarks.md, the group commit's batch).
+MAX_BATCH = 512
+
 W = TypeVar("W", bound=_Keyed)
 R = TypeVar("R")
 
@@ -43,7 +49,7 @@ class GroupCommit(Generic[W, R]):
     """
 
     def __init__(self, write: Callable[[Sequence[W]], Awaitable[list[R | Exception]]], *,
-                 in_flight: int = 8, max_batch: int = 128) -> None:
+                 in_flight: int = 8, max_batch: int = MAX_BATCH) -> None:
         self._write = write
         self._max_batch = max_batch
         self._waiting: collections.deque[tuple[W, asyncio.Future[R]]] = collections.deque()
