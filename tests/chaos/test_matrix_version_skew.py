@@ -1,8 +1,9 @@
 """Fault matrix, version skew: a request or a reply from a newer release, carrying a field
 this release does not know, is accepted as if the field were not there (SPEC R4, R6).
 
-Every message the workers publish, requests to agents and replies to schedulers,
-gets an extra field on its way out, as a newer release would add one; over the
+Every message the workers publish (`publish`, and a scheduler's `publish_soon`
+where the transport has it), requests to agents and replies to schedulers, gets
+an extra field on its way out, as a newer release would add one; over the
 in-process transport, RabbitMQ and Redis (the machine's servers, private queue
 names), every task still completes, each step once.
 """
@@ -55,16 +56,23 @@ def test_messages_with_an_unknown_field_from_a_newer_release_are_accepted(
         app.workflow("skew", [Step("one", agent, 30.0), Step("two", agent, 30.0)])
         transport = app._transport
         publish = transport.publish
+        publish_soon = getattr(transport, "publish_soon", None)  # a scheduler's requests
         extended: list[str] = []
 
-        async def as_a_newer_release(queue: str, body: bytes) -> None:
+        def newer(queue: str, body: bytes) -> bytes:
             message = json.loads(body)
             if queue in (agent_queue(agent), reply_queue(instance)):
                 message.update(NEWER)
                 extended.append(queue)
-            await publish(queue, json.dumps(message).encode())
+            return json.dumps(message).encode()
+
+        async def as_a_newer_release(queue: str, body: bytes) -> None:
+            await publish(queue, newer(queue, body))
 
         transport.publish = as_a_newer_release  # type: ignore[method-assign]
+        if publish_soon is not None:
+            transport.publish_soon = (  # type: ignore[attr-defined]
+                lambda queue, body: publish_soon(queue, newer(queue, body)))
         app.start(instance_id=instance, supervisor_interval=0.25)
         try:
             ids = [app.submit("skew", {"n": n}) for n in range(TASKS)]
