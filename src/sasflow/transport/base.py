@@ -69,7 +69,13 @@ def carries_bundles(queue: str) -> bool:
 
 
 class Transport(Protocol):
-    """Publish to a named queue; consume one with acks."""
+    """Publish to a named queue; consume one with acks.
+
+    A transport whose confirm may come after the consumer's answer (RabbitMQ's) may
+    also offer ``publish_soon(queue, body) -> asyncio.Future[None]``: the publish
+    started, the future ending once it is confirmed. A scheduler then waits for a
+    request's reply or for that future to fail, whichever comes first (amqp.py).
+    """
 
     # True when queues reach other processes (a broker); False for in-process queues.
     shared: bool
