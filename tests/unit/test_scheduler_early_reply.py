@@ -11,11 +11,14 @@ only when the test says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from sasflow import App, Step
-from sasflow.agent import AgentRequest
+from sasflow.agent import AgentRequest, AgentRuntime
 from sasflow.errors import TransportError
 from sasflow.model import TaskState
 from sasflow.scheduler import Scheduler
@@ -65,21 +68,35 @@ class _LateConfirms(MemoryTransport):
         self.unconfirmed.clear()
 
 
-def _app(db_url: str, remote: Any) -> App:
+@dataclass
+class _Run:
+    """An app's scheduler and agents over a `_LateConfirms`, with task t1 submitted."""
+
+    app: App
+    transport: _LateConfirms
+    scheduler: Scheduler
+    scheduling: asyncio.Task[None]
+    serving: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def _run(db_url: str, remote: Any, *, refuse: bool = False) -> AsyncIterator[_Run]:
     app = App(store=db_url)
     app.agent("remote")(remote)
     app.workflow("wf", steps=[Step("one", agent="remote", timeout=60.0),
                               Step("two", agent="remote", timeout=60.0)])
-    return app
-
-
-async def _running(app: App, transport: _LateConfirms) -> tuple[Scheduler, asyncio.Task[None],
-                                                                  asyncio.Task[None]]:
-    from sasflow.agent import AgentRuntime
-
+    transport = _LateConfirms("remote")
+    transport.refuse = refuse
     scheduler = Scheduler(app._store, transport, app._plans(), instance_id="sched-1")
     agents = AgentRuntime(transport, list(app.agents.values()))
-    return scheduler, asyncio.create_task(scheduler.run()), asyncio.create_task(agents.run())
+    run = _Run(app, transport, scheduler, asyncio.create_task(scheduler.run()),
+               asyncio.create_task(agents.run()))
+    try:
+        await app.asubmit("wf", {}, task_id="t1")
+        yield run
+    finally:
+        await _stopped(run.scheduling, run.serving)
+        await app._store.close()
 
 
 async def _stopped(*running: asyncio.Task[None]) -> None:
@@ -92,19 +109,12 @@ async def test_a_task_runs_to_its_end_while_no_request_of_it_is_confirmed(db_url
     def remote(req: AgentRequest) -> dict[str, str]:
         return {"step": req.step}
 
-    app = _app(db_url, remote)
-    transport = _LateConfirms("remote")
-    _, scheduling, serving = await _running(app, transport)
-    try:
-        await app.asubmit("wf", {}, task_id="t1")
+    async with _run(db_url, remote) as run:
         async with asyncio.timeout(HANG_GUARD):
-            task = await app.await_("t1")
+            task = await run.app.await_("t1")
         assert task.state is TaskState.PROCESSED
         assert [s.result for s in task.steps] == [{"step": "one"}, {"step": "two"}]
-        assert len(transport.unconfirmed) == 2  # both requests sent, neither confirmed
-    finally:
-        await _stopped(scheduling, serving)
-        await app._store.close()
+        assert len(run.transport.unconfirmed) == 2  # both requests sent, neither confirmed
 
 
 async def test_a_failure_to_publish_after_the_reply_is_in_changes_nothing(db_url: str) -> None:
@@ -113,24 +123,20 @@ async def test_a_failure_to_publish_after_the_reply_is_in_changes_nothing(db_url
     def remote(req: AgentRequest) -> dict[str, str]:
         return {}
 
-    app = _app(db_url, remote)
-    transport = _LateConfirms("remote")
     unretrieved: list[dict[str, Any]] = []
-    asyncio.get_running_loop().set_exception_handler(lambda loop, context: unretrieved.append(
-        context))
-    _, scheduling, serving = await _running(app, transport)
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda loop, context: unretrieved.append(context))
     try:
-        await app.asubmit("wf", {}, task_id="t1")
-        async with asyncio.timeout(HANG_GUARD):
-            await app.await_("t1")
-        transport.confirm_all(TransportError("the connection went before the confirm"))
-        gc.collect()  # a failed future nobody read reports itself as it is collected
-        assert unretrieved == []
-        assert (await app.aget("t1")).state is TaskState.PROCESSED
+        async with _run(db_url, remote) as run:
+            async with asyncio.timeout(HANG_GUARD):
+                await run.app.await_("t1")
+            run.transport.confirm_all(TransportError("the connection went before the confirm"))
+            gc.collect()  # a failed future nobody read reports itself as it is collected
+            assert unretrieved == []
+            task = await run.app.aget("t1")
+            assert task is not None and task.state is TaskState.PROCESSED
     finally:
-        asyncio.get_running_loop().set_exception_handler(None)
-        await _stopped(scheduling, serving)
-        await app._store.close()
+        loop.set_exception_handler(None)
 
 
 async def test_a_request_that_cannot_be_published_fails_its_driver(db_url: str) -> None:
@@ -139,24 +145,17 @@ async def test_a_request_that_cannot_be_published_fails_its_driver(db_url: str) 
     def remote(req: AgentRequest) -> dict[str, str]:
         return {}
 
-    app = _app(db_url, remote)
-    transport = _LateConfirms("remote")
-    transport.refuse = True
-    scheduler, scheduling, serving = await _running(app, transport)
-    try:
-        await app.asubmit("wf", {}, task_id="t1")
+    async with _run(db_url, remote, refuse=True) as run:
         async with asyncio.timeout(HANG_GUARD):
-            await transport.refused.wait()
-            while scheduler.in_flight:  # the driver has ended, with its error
+            await run.transport.refused.wait()
+            while run.scheduler.in_flight:  # the driver has ended, with its error
                 await asyncio.sleep(0.005)
-        assert "t1" not in scheduler._held
-    finally:
-        await _stopped(scheduling, serving)
-    task = await app.aget("t1")
-    assert task is not None
-    assert (task.state, task.locked_by, task.failure_count) == (
-        TaskState.PROCESSING, "sched-1", 0)
-    await app._store.close()
+        assert "t1" not in run.scheduler._held
+        await _stopped(run.scheduling)
+        task = await run.app.aget("t1")
+        assert task is not None
+        assert (task.state, task.locked_by, task.failure_count) == (
+            TaskState.PROCESSING, "sched-1", 0)
 
 
 async def test_a_driver_stopped_before_the_reply_cancels_its_unconfirmed_request(
@@ -171,17 +170,12 @@ async def test_a_driver_stopped_before_the_reply_cancels_its_unconfirmed_request
         await hold.wait()
         return {}
 
-    app = _app(db_url, remote)
-    transport = _LateConfirms("remote")
-    _, scheduling, serving = await _running(app, transport)
-    try:
-        await app.asubmit("wf", {}, task_id="t1")
-        async with asyncio.timeout(HANG_GUARD):
-            await called.wait()
-        [request] = transport.unconfirmed
-        await _stopped(scheduling)
-        assert request.cancelled()
-    finally:
-        hold.set()
-        await _stopped(scheduling, serving)
-        await app._store.close()
+    async with _run(db_url, remote) as run:
+        try:
+            async with asyncio.timeout(HANG_GUARD):
+                await called.wait()
+            [request] = run.transport.unconfirmed
+            await _stopped(run.scheduling)
+            assert request.cancelled()
+        finally:
+            hold.set()
