@@ -1,11 +1,15 @@
 """A group-commit batch that mixes transitions and submissions on PostgreSQL is one
 statement (postgres/queries.sql write_batch): each write's outcome is what it would
-be written alone, and the whole batch commits together or not at all.
+be written alone, and the whole batch commits together or not at all. Writes
+past the batch's cap go in full batches, each write's outcome still its own.
 
 Each test runs on a private schema of the local server (conftest STORES).
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
 
 import psycopg
 import pytest
@@ -14,7 +18,9 @@ from sasflow.errors import TaskConflictError
 from sasflow.model import TaskState
 from sasflow.store.postgres import PostgresStore
 from sasflow.store.postgres.bulk import Claimed, Write, new_token, write_batch
+from sasflow.store.postgres.commit import MAX_BATCH
 from sasflow.store.rows import claimed_at_submission
+from sasflow.transition import applied
 from support.stores import (
     PLANS,
     Clock,
@@ -88,3 +94,29 @@ async def test_a_mixed_batch_commits_together_or_not_at_all(
             True, True]
     assert (await fresh(store, "moving")).locked_by is None
     assert await store.get("fresh") is None
+
+
+@on_postgres
+async def test_writes_past_the_group_commits_cap_go_in_full_batches_each_as_alone(
+        make_store: StoreFactory, clock: Clock) -> None:
+    """More writes at once than a batch holds (commit.py MAX_BATCH): every one applies,
+    as it would alone, in batches of at most the cap, the first of them full."""
+    store = postgres(make_store, clock)
+    ids = [f"t{n:04d}" for n in range(MAX_BATCH + 88)]
+    await asyncio.gather(*(store.submit(new_task(task_id)) for task_id in ids))
+    tasks = await asyncio.gather(*(fresh(store, task_id) for task_id in ids))
+    now = store.now()
+    claims = [PLANS["order"].claim(task, "w1", now) for task in tasks]
+    assert store._commit is not None
+    write = store._commit._write
+    sizes: list[int] = []
+
+    async def counted(batch: Sequence[Write]) -> list[bool | Exception]:
+        sizes.append(len(batch))
+        return await write(batch)
+
+    store._commit._write = counted
+    assert await asyncio.gather(*(store.apply(claim) for claim in claims)) == [True] * len(ids)
+    assert max(sizes) == MAX_BATCH and sum(sizes) == len(ids)
+    for task, claim in zip(tasks, claims, strict=True):
+        assert_stored_as_planned(await fresh(store, task.task_id), applied(task, claim))
