@@ -70,7 +70,7 @@ def test_messages_with_an_unknown_field_from_a_newer_release_are_accepted(
             await publish(queue, newer(queue, body))
 
         transport.publish = as_a_newer_release  # type: ignore[method-assign]
-        if publish_soon is not None:
+        if publish_soon is not None:  # RabbitMQ's; the Transport protocol does not declare it
             transport.publish_soon = (  # type: ignore[attr-defined]
                 lambda queue, body: publish_soon(queue, newer(queue, body)))
         app.start(instance_id=instance, supervisor_interval=0.25)
