@@ -17,30 +17,19 @@ planner's best choice; beside STORED tasks, none of this work should need one.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
-from sasflow.model import Task, TaskState
+from sasflow.model import TaskState
 from sasflow.store.postgres import PostgresStore
-from support.stores import PLANS, applies, new_task
+from support.pg_scans import run_to_the_end, scanned_rows
+from support.stores import PLANS, new_task
 
 TASKS = 300
 STORED = 20_000  # finished tasks already in the store, with their steps and history
 OWNER = "scheduler-1"
 BIG_TABLES = ("tasks", "steps", "history")
-HANG_GUARD = 60.0  # seconds: only a hung server makes the test wait this long
-
-
-async def run_to_the_end(store: PostgresStore, task: Task) -> Task:
-    """Each step's reply, one transition at a time, as a scheduler's driver does."""
-    plan = PLANS[task.workflow]
-    while task.state is TaskState.PROCESSING:
-        task = await applies(store, task, plan.reply(task, OWNER, True, {"ok": 1}, None,
-                                                     store.now()))
-    return task
 
 
 def fill(url: str) -> None:
@@ -61,23 +50,6 @@ def fill(url: str) -> None:
         conn.execute("ANALYZE tasks, steps, history")
 
 
-def scanned_rows(url: str, application_name: str) -> dict[str, int]:
-    """Rows returned by sequential scans so far, per table of the schema of `url`,
-    once no backend named `application_name` is left: a backend hands its counts
-    in as it exits."""
-    schema = parse_qs(urlsplit(url).query)["options"][0].split("=", 1)[1]
-    with psycopg.connect(url, autocommit=True) as conn:
-        end = time.monotonic() + HANG_GUARD
-        # a backend's exit has no event to wait on: poll for it (the positive signal)
-        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                           (application_name,)).fetchone() != (0,):
-            assert time.monotonic() < end, "the store's connections did not close"
-            time.sleep(0.05)
-        rows = conn.execute("SELECT relname, seq_tup_read FROM pg_stat_user_tables"
-                            " WHERE schemaname = %s", (schema,)).fetchall()
-    return {name: count for name, count in rows}
-
-
 async def test_no_statement_of_a_tasks_life_reads_a_whole_table(postgres_url: str) -> None:
     """Over the life of TASKS tasks beside STORED finished ones, sequential scans of
     the tasks, steps and history tables return fewer rows in all than one reading
@@ -94,7 +66,7 @@ async def test_no_statement_of_a_tasks_life_reads_a_whole_table(postgres_url: st
                                          for task_id in ids[start:start + 50]))
         assert all(created)
     while claimed := await store.claim(OWNER, 50, PLANS):
-        ended = await asyncio.gather(*(run_to_the_end(store, task) for task in claimed))
+        ended = await asyncio.gather(*(run_to_the_end(store, task, OWNER) for task in claimed))
         assert {task.state for task in ended} == {TaskState.PROCESSED}
         assert await store.expired(100) == []  # the supervisor's looks, meanwhile
         assert await store.next_expiry() is None

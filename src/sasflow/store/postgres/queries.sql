@@ -125,6 +125,16 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: schema_migrations_exists
 SELECT to_regclass('schema_migrations') IS NOT NULL AS found
 
+-- name: tasks_counted
+-- How many tasks the planner's statistics believe the table holds (-1: never
+-- analyzed); statistics.py compares it with what this store has submitted.
+SELECT reltuples::bigint AS tasks FROM pg_class WHERE oid = 'tasks'::regclass
+
+-- name: analyze_tables
+-- The statistics of the tables the store's hot statements plan on, made current;
+-- a table autovacuum is analyzing right now is passed over, not waited for.
+ANALYZE (SKIP_LOCKED) tasks, steps
+
 -- fragment: write_implied
 -- The unit, history and outbox rows of the writes that applied (CTE `written`): each
 -- unit's row with the values the write carries (rows.implied_rows).
