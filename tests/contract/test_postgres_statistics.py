@@ -8,10 +8,10 @@ As the tables grow, each batch reads the whole of them, until autovacuum
 analyzes them, a minute or more later. The class of fault is "a plan that
 outlives the table it was made for", whichever statement it is; so the test
 warms every connection's plans on an empty store, grows the store past the
-point where it refreshes its statistics (statistics.py), and then counts, on
-the server, the rows sequential scans return over further task lives
-(pg_stat_user_tables.seq_tup_read), as test_postgres_scans does for a store
-whose statistics were current from the start.
+point where it has its statements planned again (statistics.py), and then
+counts, on the server, the rows sequential scans return over further task
+lives (pg_stat_user_tables.seq_tup_read), as test_postgres_scans does for a
+store whose statistics were current from the start.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import psycopg
 
 from sasflow.model import TaskState
 from sasflow.store.postgres import PostgresStore
-from sasflow.store.postgres.statistics import SUBMITTED_MARKS
+from sasflow.store.postgres.statistics import WRITE_MARKS
 from support.pg_scans import run_to_the_end, scanned_rows
 from support.stores import PLANS, new_task
 
 OWNER = "scheduler-1"
 WARM = 60  # tasks run one at a time on the empty store: every statement prepared
-GROWN = SUBMITTED_MARKS[2] + 100  # past the third mark: plans made again at its size
+GROWN = WRITE_MARKS[3] + 200  # tasks: their writes pass the fourth mark
 AFTER = 200  # task lives over which sequential scans are counted
 ORDERS = {"order": PLANS["order"]}  # what is claimed: the tasks that grow it stay pending
 
@@ -48,13 +48,14 @@ async def lives(store: PostgresStore, ids: list[str], *, at_once: int) -> None:
 def analyzed(url: str) -> dict[str, bool]:
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute("SELECT relname, last_analyze IS NOT NULL FROM pg_stat_user_tables"
-                            " WHERE relid IN ('tasks'::regclass, 'steps'::regclass)").fetchall()
+                            " WHERE relname IN ('tasks', 'steps', 'history')"
+                            " AND schemaname = current_schema()").fetchall()
     return {name: done for name, done in rows}
 
 
 async def test_plans_made_on_the_empty_tables_do_not_outlive_them(postgres_url: str) -> None:
-    """After the store grew past its third mark, task lives in batches read fewer rows
-    by sequential scans than one reading of the tasks table holds."""
+    """After the store's writes passed its fourth mark, task lives in batches read fewer
+    rows by sequential scans than one reading of the tasks table holds."""
     application_name = f"young-{uuid.uuid4().hex[:10]}"
     store = PostgresStore(f"{postgres_url}&application_name={application_name}")
     await lives(store, [f"warm-{i:03d}" for i in range(WARM)], at_once=1)
@@ -64,7 +65,7 @@ async def test_plans_made_on_the_empty_tables_do_not_outlive_them(postgres_url: 
                                           for i in grown[start:start + 256])))
     await store.statistics.looked()  # the look the last mark started, ANALYZE included
     assert store.statistics.analyzed >= 1
-    assert analyzed(postgres_url) == {"tasks": True, "steps": True}
+    assert analyzed(postgres_url) == {"tasks": True, "steps": True, "history": True}
     before = scanned_rows(postgres_url, application_name="(none)")
     await lives(store, [f"after-{i:03d}" for i in range(AFTER)], at_once=50)
     await store.close()
@@ -76,8 +77,8 @@ async def test_plans_made_on_the_empty_tables_do_not_outlive_them(postgres_url: 
 
 async def test_a_store_on_tables_the_statistics_know_analyzes_nothing(
         postgres_url: str) -> None:
-    """Statistics that count more tasks than this store has submitted are left to
-    autovacuum: past the first mark the store looks, and runs no ANALYZE."""
+    """Tables no larger than when they were last analyzed are left to autovacuum: past
+    the first mark the store looks, and runs no ANALYZE."""
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         store = PostgresStore(postgres_url)
         assert await store.get("warm-up") is None  # the schema is there
@@ -88,7 +89,7 @@ async def test_a_store_on_tables_the_statistics_know_analyzes_nothing(
         conn.execute("ANALYZE tasks")
         analyzed_at = conn.execute("SELECT last_analyze FROM pg_stat_user_tables"
                                    " WHERE relid = 'tasks'::regclass").fetchone()
-    ids = [f"task-{i:03d}" for i in range(SUBMITTED_MARKS[0])]
+    ids = [f"task-{i:03d}" for i in range(WRITE_MARKS[0])]
     assert all(await asyncio.gather(*(store.submit(new_task(i)) for i in ids)))
     await store.statistics.looked()
     assert store.statistics.analyzed == 0

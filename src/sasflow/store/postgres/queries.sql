@@ -125,15 +125,18 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: schema_migrations_exists
 SELECT to_regclass('schema_migrations') IS NOT NULL AS found
 
--- name: tasks_counted
--- How many tasks the planner's statistics believe the table holds (-1: never
--- analyzed); statistics.py compares it with what this store has submitted.
-SELECT reltuples::bigint AS tasks FROM pg_class WHERE oid = 'tasks'::regclass
+-- name: tasks_size
+-- The tasks table's pages now, and when it was last analyzed or vacuumed (0: never):
+-- how much it has grown since the store's statements were last planned.
+SELECT pg_relation_size(c.oid) / current_setting('block_size')::int AS pages,
+       c.relpages AS analyzed_pages
+FROM pg_class c WHERE c.oid = 'tasks'::regclass
 
 -- name: analyze_tables
--- The statistics of the tables the store's hot statements plan on, made current;
--- a table autovacuum is analyzing right now is passed over, not waited for.
-ANALYZE (SKIP_LOCKED) tasks, steps
+-- The statistics of the tables the store's statements plan on, made current (and
+-- those plans made again); a table autovacuum is analyzing right now is passed over,
+-- not waited for.
+ANALYZE (SKIP_LOCKED) tasks, steps, history
 
 -- fragment: write_implied
 -- The unit, history and outbox rows of the writes that applied (CTE `written`): each
