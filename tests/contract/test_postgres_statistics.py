@@ -29,7 +29,7 @@ from support.stores import PLANS, new_task
 
 OWNER = "scheduler-1"
 WARM = 60  # tasks run one at a time on the empty store: every statement prepared
-GROWN = WRITE_MARKS[3] + 200  # tasks: their writes pass the fourth mark
+GROWN = WRITE_MARKS[2] + 200  # tasks: their writes pass the third mark
 AFTER = 200  # task lives over which sequential scans are counted
 ORDERS = {"order": PLANS["order"]}  # what is claimed: the tasks that grow it stay pending
 
@@ -54,7 +54,7 @@ def analyzed(url: str) -> dict[str, bool]:
 
 
 async def test_plans_made_on_the_empty_tables_do_not_outlive_them(postgres_url: str) -> None:
-    """After the store's writes passed its fourth mark, task lives in batches read fewer
+    """After the store's writes passed its third mark, task lives in batches read fewer
     rows by sequential scans than one reading of the tasks table holds."""
     application_name = f"young-{uuid.uuid4().hex[:10]}"
     store = PostgresStore(f"{postgres_url}&application_name={application_name}")

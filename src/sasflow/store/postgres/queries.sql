@@ -125,12 +125,13 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: schema_migrations_exists
 SELECT to_regclass('schema_migrations') IS NOT NULL AS found
 
--- name: tasks_size
--- The tasks table's pages now, and when it was last analyzed or vacuumed (0: never):
--- how much it has grown since the store's statements were last planned.
-SELECT pg_relation_size(c.oid) / current_setting('block_size')::int AS pages,
-       c.relpages AS analyzed_pages
-FROM pg_class c WHERE c.oid = 'tasks'::regclass
+-- name: tasks_held
+-- The tasks table's live rows, as the server counts them (updated as each session
+-- reports its writes: within a second or so), and as its statistics counted them
+-- when it was last analyzed (-1: never). statistics.py compares the two.
+SELECT s.n_live_tup AS live, c.reltuples::bigint AS analyzed
+FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = 'tasks'::regclass
 
 -- name: analyze_tables
 -- The statistics of the tables the store's statements plan on, made current (and

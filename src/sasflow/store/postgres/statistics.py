@@ -13,15 +13,18 @@ task in that state: a batch cost more as the table grew, and PostgreSQL spent
 about twice the CPU a completed step over a first run of 5,000 tasks
 (docs/benchmarks.md, "Plans made on an empty table").
 
-So the store looks at the tasks table's size as its writes (submissions and
-transitions) pass 256, 1,024, 4,096, 16,384 and then 65,536, and if the table
-is now more than twice as large as when it was last analyzed (or it never
-was), runs ANALYZE on tasks, steps and history. ANALYZE updates their
-statistics, and makes every session of the database plan its statements again,
-other processes' included. On tables autovacuum keeps current, the look finds
-them so and does nothing. The look runs beside the writes (never in their way);
-ANALYZE passes over a table autovacuum is analyzing at that moment
-(SKIP_LOCKED); a failure leaves the tables to autovacuum, as before.
+So the store looks at the tasks table as its writes (submissions and
+transitions) pass 512, 2,048, 8,192, 32,768 and then 131,072: if it holds more
+than twice the tasks it held when it was last analyzed (or it never was), and
+at least 256, the store runs ANALYZE on tasks, steps and history. ANALYZE
+updates their statistics, and makes every session of the database plan its
+statements again, other processes' included. The tasks it holds are the
+server's count of live rows (which can lag its writes by a second or so), or
+the tasks this store has submitted since it opened if more. On tables
+autovacuum keeps current, the look finds them so and does nothing. The look
+runs beside the writes (never in their way); ANALYZE passes over a table
+autovacuum is analyzing at that moment (SKIP_LOCKED); a failure leaves the
+tables to autovacuum, as before.
 """
 
 from __future__ import annotations
@@ -36,16 +39,17 @@ import psycopg
 
 from sasflow.store import queries
 from sasflow.store.postgres.connections import Connections
+from sasflow.transition import Transition
 
-__all__ = ["GROWTH", "WRITE_MARKS", "TableStatistics"]
+__all__ = ["GROWTH", "SMALLEST", "WRITE_MARKS", "TableStatistics"]
 
 log = logging.getLogger("sasflow.store.postgres")
 
 _Q = queries.load("postgres", "pyformat")
 # writes through this store since it opened at which it looks at the tables' size
-WRITE_MARKS = (256, 1_024, 4_096, 16_384, 65_536)
-GROWTH = 2.0  # larger than this many times its size when last analyzed: analyze
-_SMALLEST_PAGES = 8  # below, a whole-table read is as good as any plan
+WRITE_MARKS = (512, 2_048, 8_192, 32_768, 131_072)
+GROWTH = 2.0  # more than this many times the tasks it held when last analyzed: analyze
+SMALLEST = 256  # tasks: fewer, and a whole-table read is as good as any plan
 
 
 class TableStatistics:
@@ -56,6 +60,7 @@ class TableStatistics:
         self._db = db
         self._marks = tuple(marks)
         self._writes = 0
+        self._submitted = 0  # tasks submitted through this store since it opened
         self._passed = 0  # how many of the marks the writes have passed
         self._looking: asyncio.Task[None] | None = None
         self._again = False  # a mark passed while a look was under way
@@ -67,6 +72,7 @@ class TableStatistics:
         if self._passed == len(self._marks):
             return  # grown up: autovacuum's from here
         self._writes += len(batch)
+        self._submitted += sum(1 for write in batch if not isinstance(write, Transition))
         if self._writes < self._marks[self._passed]:
             return
         while self._passed < len(self._marks) and self._writes >= self._marks[self._passed]:
@@ -82,13 +88,13 @@ class TableStatistics:
 
     async def _look(self) -> None:
         async def job(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int] | None:
-            row = await (await conn.execute(_Q["tasks_size"])).fetchone()
+            row = await (await conn.execute(_Q["tasks_held"])).fetchone()
             assert row is not None
-            pages, analyzed_pages = int(row["pages"]), int(row["analyzed_pages"])
-            if pages < _SMALLEST_PAGES or pages <= GROWTH * analyzed_pages:
+            analyzed, held = int(row["analyzed"]), max(int(row["live"]), self._submitted)
+            if held < SMALLEST or held <= GROWTH * max(analyzed, 0):
                 return None
             await conn.execute(_Q["analyze_tables"])
-            return analyzed_pages, pages
+            return analyzed, held
 
         try:
             grown = await self._db.run(job, transaction=False)
@@ -97,8 +103,8 @@ class TableStatistics:
             return
         if grown is not None:
             self.analyzed += 1
-            log.debug("analyzed tasks, steps and history: tasks grew from %d to %d pages",
-                      *grown)
+            log.debug("analyzed tasks, steps and history: %d tasks, against %d when last"
+                      " analyzed (-1: never)", grown[1], grown[0])
 
     async def looked(self) -> None:
         """Once the look under way, if any, has ended (and its ANALYZE with it)."""
