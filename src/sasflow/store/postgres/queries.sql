@@ -133,6 +133,13 @@ SELECT s.n_live_tup AS live, c.reltuples::bigint AS analyzed
 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'tasks'::regclass
 
+-- name: sample_lightly
+-- For this transaction's ANALYZE: 3,000 rows a table, not 30,000 (a tenth of the
+-- default target). What the store's plans turn on, how many rows a table holds and
+-- that task ids are unique, such a sample tells; it costs a third of the time (17
+-- against 50-67 ms at 5,000 tasks), and autovacuum samples fully later on.
+SET LOCAL default_statistics_target = 10
+
 -- name: analyze_tables
 -- The statistics of the tables the store's statements plan on, made current (and
 -- those plans made again); a table autovacuum is analyzing right now is passed over,

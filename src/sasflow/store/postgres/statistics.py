@@ -16,9 +16,10 @@ about twice the CPU a completed step over a first run of 5,000 tasks
 So the store looks at the tasks table as its writes (submissions and
 transitions) pass 512, 2,048, 8,192, 32,768 and then 131,072: if it holds more
 than twice the tasks it held when it was last analyzed (or it never was), and
-at least 256, the store runs ANALYZE on tasks, steps and history. ANALYZE
-updates their statistics, and makes every session of the database plan its
-statements again, other processes' included. The tasks it holds are the
+at least 256, the store runs ANALYZE on tasks, steps and history, on a sample
+of 3,000 rows a table (autovacuum samples fully later on). ANALYZE updates
+their statistics, and makes every session of the database plan its statements
+again, other processes' included. The tasks it holds are the
 server's count of live rows (which can lag its writes by a second or so), or
 the tasks this store has submitted since it opened if more. On tables
 autovacuum keeps current, the look finds them so and does nothing. The look
@@ -93,11 +94,12 @@ class TableStatistics:
             analyzed, held = int(row["analyzed"]), max(int(row["live"]), self._submitted)
             if held < SMALLEST or held <= GROWTH * max(analyzed, 0):
                 return None
+            await conn.execute(_Q["sample_lightly"])
             await conn.execute(_Q["analyze_tables"])
             return analyzed, held
 
         try:
-            grown = await self._db.run(job, transaction=False)
+            grown = await self._db.run(job)  # one transaction: the light sample is its own
         except Exception as error:  # left to autovacuum: a lost optimisation, no fault
             log.debug("could not refresh the planner's statistics: %s", error)
             return
