@@ -902,9 +902,11 @@ async def test_the_sweep_reads_only_the_workflows_it_is_given(store: Store,
     await submitted(store, *[f"slow-{n:04}" for n in range(1100)], workflow="slow")
     await store.claim("gone", 2000, {"slow": PLANS["slow"]})
     clock.advance(60)  # every slow task has expired
-    await submitted(store, "order-1", "order-2")
-    await store.claim("gone", 10, {"order": PLANS["order"]})
-    assert await store.next_expiry(["order"]) == clock.now + 5.0
+    for task_id in ("order-1", "order-2"):  # claimed a second apart: order-1 expires first
+        await submitted(store, task_id)
+        await store.claim("gone", 10, {"order": PLANS["order"]})
+        clock.advance(1)
+    assert await store.next_expiry(["order"]) == clock.now - 2 + 5.0
     clock.advance(6)
     assert len(await store.expired(10)) == 10  # unfiltered: the unknown ones come first
     known = await store.expired(10, ["order", "renamed-away"])
@@ -913,7 +915,7 @@ async def test_the_sweep_reads_only_the_workflows_it_is_given(store: Store,
     assert len(await store.expired(2000, ["slow", "order"])) == 1102
     assert await store.expired(10, []) == []
     assert await store.next_expiry([]) is None
-    assert await store.next_expiry(["slow"]) == clock.now - 6 - 60 + 50.0
+    assert await store.next_expiry(["slow"]) == clock.now - 6 - 2 - 60 + 50.0
 
 
 async def test_a_transition_planned_before_a_migration_does_not_apply(store: Store,
