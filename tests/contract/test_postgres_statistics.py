@@ -1,17 +1,17 @@
 """A young PostgreSQL store does not keep plans made on its empty tables.
 
-The store's statements are prepared, and PostgreSQL keeps the plan it made for
-one from its sixth run on a connection (a generic plan) until something makes
-it plan again. On a new store those plans are made on tables of a few rows: a
-whole-table read to find a batch's tasks, an index looked through by state.
-As the tables grow, each batch reads the whole of them, until autovacuum
-analyzes them, a minute or more later. The class of fault is "a plan that
-outlives the table it was made for", whichever statement it is; so the test
-warms every connection's plans on an empty store, grows the store past the
-point where it has its statements planned again (statistics.py), and then
-counts, on the server, the rows sequential scans return over further task
-lives (pg_stat_user_tables.seq_tup_read), as test_postgres_scans does for a
-store whose statistics were current from the start.
+The store's statements are prepared, and PostgreSQL soon settles on one plan
+for each (a generic plan), kept until something makes it plan again. On a new
+store those plans are made on tables of a few rows: a whole-table read to find
+a batch's tasks, an index looked through by state. As the tables grow, each
+batch reads the whole of them, until autovacuum analyzes them, a minute or more
+later. The class of fault is "a plan that outlives the table it was made for",
+whichever statement it is; so the test warms every connection's plans on an
+empty store, grows the store past the point where it has its statements planned
+again (statistics.py), and then counts, on the server, the rows sequential
+scans return over further task lives (pg_stat_user_tables.seq_tup_read), as
+test_postgres_scans does for a store whose statistics were current from the
+start.
 """
 
 from __future__ import annotations

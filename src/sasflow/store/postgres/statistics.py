@@ -1,17 +1,18 @@
 """Plans made again as the store's tables outgrow the ones they were made on.
 
 PostgreSQL plans a statement from how large its tables are, and the store's
-statements are prepared: from their sixth run on a connection, the plan made
-then is kept for as long as the connection lives (a generic plan), however the
-tables grow. On a new store those plans are made on tables of a few rows, where
-reading the whole table is the cheapest way to find a batch's hundred tasks,
-and nothing makes PostgreSQL plan them again until autovacuum analyzes the
-table: a minute or more later (autovacuum_naptime), once enough rows changed.
-Until then each write batch read every task and compared it with each of the
-batch's ids, and looked tasks up through `tasks_state` by state, reading every
-task in that state: a batch cost more as the table grew, and PostgreSQL spent
-about twice the CPU a completed step over a first run of 5,000 tasks
-(docs/benchmarks.md, "Plans made on an empty table").
+statements are prepared (psycopg, at their sixth run on a connection):
+PostgreSQL then soon settles on one plan for each (a generic plan), kept for as
+long as the connection lives, however the tables grow. On a new store those
+plans are made on tables of a few rows, where reading the whole table is the
+cheapest way to find a batch's hundred tasks, and nothing makes PostgreSQL plan
+them again until autovacuum analyzes the table: a minute or more later
+(autovacuum_naptime), once enough rows changed. Until then each write batch
+read every task and compared it with each of the batch's ids, and looked tasks
+up through `tasks_state` by state, reading every task in that state: a batch
+cost more as the table grew, and PostgreSQL spent about twice the CPU a
+completed step over a first run of 5,000 tasks (docs/benchmarks.md, "Plans made
+on an empty table").
 
 So the store looks at the tasks table as its writes (submissions and
 transitions) pass 512, 2,048, 8,192, 32,768 and then 131,072: if it holds more
@@ -19,13 +20,12 @@ than twice the tasks it held when it was last analyzed (or it never was), and
 at least 256, the store runs ANALYZE on tasks, steps and history, on a sample
 of 3,000 rows a table (autovacuum samples fully later on). ANALYZE updates
 their statistics, and makes every session of the database plan its statements
-again, other processes' included. The tasks it holds are the
-server's count of live rows (which can lag its writes by a second or so), or
-the tasks this store has submitted since it opened if more. On tables
-autovacuum keeps current, the look finds them so and does nothing. The look
-runs beside the writes (never in their way); ANALYZE passes over a table
-autovacuum is analyzing at that moment (SKIP_LOCKED); a failure leaves the
-tables to autovacuum, as before.
+again, other processes' included. The tasks it holds are the server's count of
+live rows (which can lag its writes by a second or so), or the tasks this store
+has submitted since it opened if more. On tables autovacuum keeps current, the
+look finds them so and does nothing. The look runs beside the writes (never in
+their way); ANALYZE passes over a table autovacuum is analyzing at that moment
+(SKIP_LOCKED); a failure leaves the tables to autovacuum, as before.
 """
 
 from __future__ import annotations
