@@ -125,27 +125,6 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: schema_migrations_exists
 SELECT to_regclass('schema_migrations') IS NOT NULL AS found
 
--- name: tasks_held
--- The tasks table's live rows, as the server counts them (updated as each session
--- reports its writes: within a second or so), and as its statistics counted them
--- when it was last analyzed (-1: never). statistics.py compares the two.
-SELECT s.n_live_tup AS live, c.reltuples::bigint AS analyzed
-FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.oid = 'tasks'::regclass
-
--- name: sample_lightly
--- For this transaction's ANALYZE: 3,000 rows a table, not 30,000 (a tenth of the
--- default target). What the store's plans turn on, how many rows a table holds and
--- that task ids are unique, such a sample tells; it costs a third of the time (17
--- against 50-67 ms at 5,000 tasks), and autovacuum samples fully later on.
-SET LOCAL default_statistics_target = 10
-
--- name: analyze_tables
--- The statistics of the tables the store's statements plan on, made current (and
--- those plans made again); a table autovacuum is analyzing right now is passed over,
--- not waited for.
-ANALYZE (SKIP_LOCKED) tasks, steps, history
-
 -- fragment: write_implied
 -- The unit, history and outbox rows of the writes that applied (CTE `written`): each
 -- unit's row with the values the write carries (rows.implied_rows).

@@ -55,7 +55,6 @@ from sasflow.store.postgres.bulk import (
 from sasflow.store.postgres.commit import GroupCommit
 from sasflow.store.postgres.connections import Connections, Lost
 from sasflow.store.postgres.reads import GuestReads, ReadBatch
-from sasflow.store.postgres.statistics import TableStatistics
 from sasflow.store.postgres.wake import FinishedListener, FinishedNotices, listen_for_work
 from sasflow.store.records import NewTask
 from sasflow.store.rows import (
@@ -94,8 +93,6 @@ class PostgresStore(SQLStore):
         self.conninfo = conninfo
         self._commit: GroupCommit[Write, bool] | None = None
         self._notices = FinishedNotices(self._db)
-        # a young store's planner statistics, kept current as it grows (statistics.py)
-        self.statistics = TableStatistics(self._db)
         self._reads: ReadBatch | None = None
         self._finished = FinishedListener(conninfo, self._db.connect_timeout())
         self._guests = GuestReads(
@@ -212,7 +209,6 @@ class PostgresStore(SQLStore):
                                       lost="raise", backoff=backoff)
         if ended:
             self._notices.tell(ended)
-        self.statistics.written(batch)
         return outcomes
 
     async def _written(self, task_ids: Sequence[str], token: int, backoff: Backoff,
@@ -356,7 +352,6 @@ class PostgresStore(SQLStore):
     async def close(self) -> None:
         self._commit = self._reads = None
         await self._notices.sent()
-        await self.statistics.close()
         await asyncio.to_thread(self._finished.close)
         await self._guests.close()
         await self._db.close()
