@@ -42,6 +42,7 @@ from sasflow.outage import Outage
 from sasflow.store import queries
 from sasflow.store.postgres import migrations
 from sasflow.store.postgres.backoff import Backoff
+from sasflow.store.postgres.plans import FreshPlans
 
 __all__ = ["RETRIED", "Connections", "Lost"]
 
@@ -121,6 +122,8 @@ class Connections:
         self.schema_ready = False
         self.migrations_applied: list[str] = []  # by this process, for `sasflow db upgrade`
         self.outage = Outage(log, "the PostgreSQL store")
+        # a young store's plans, made again as its tables grow (plans.py)
+        self.plans = FreshPlans()
 
     def backoff(self, budget: float | None = None) -> Backoff:
         return Backoff(self.reconnect_for if budget is None else budget, self.outage)
@@ -285,6 +288,18 @@ class Connections:
                 if lost == "raise":
                     raise Lost(str(error)) from error
                 await backoff.wait(error)
+
+    async def replan(self) -> None:
+        """Replace the pool's connections, and with them their prepared statements'
+        plans (plans.py); in the home loop. Never fails: a batch has just committed,
+        and plans left as they were are a lost optimisation, not a fault."""
+        pool = self.pool
+        if pool is None or pool.closed:
+            return
+        try:
+            await pool.drain()
+        except Exception as error:  # (the pool closing meanwhile)
+            log.debug("the store's connections were not replaced: %s", error)
 
     async def close(self) -> None:
         with self._home_lock:

@@ -209,6 +209,8 @@ class PostgresStore(SQLStore):
                                       lost="raise", backoff=backoff)
         if ended:
             self._notices.tell(ended)
+        if self._db.plans.due(len(batch)):
+            await self._db.replan()
         return outcomes
 
     async def _written(self, task_ids: Sequence[str], token: int, backoff: Backoff,
@@ -372,16 +374,16 @@ def _read_text_of(task_ids: Sequence[str]) -> tuple[str, dict[str, Any]]:
 
 def _tasks_and_their_steps(rows: Iterable[Row]) -> list[Task]:
     """Tasks from task rows with their steps as JSON (the steps fragment)."""
-    tasks: dict[str, Task] = {}
-    steps: list[Row] = []
-    for row in rows:
-        task = task_from_row(row)
-        tasks[task.task_id] = task
-        if row["steps"] is not None:
-            steps.extend({"task_id": task.task_id, **dict(zip(_STEP_READ, step, strict=True))}
-                         for step in _decode(row["steps"]))
-    attach_steps(tasks, steps)
+    rows = list(rows)
+    tasks = {task.task_id: task for task in map(task_from_row, rows)}
+    attach_steps(tasks, _steps_of(rows))
     return list(tasks.values())
+
+
+def _steps_of(rows: Iterable[Row]) -> list[Row]:
+    """Unit rows from rows with a task id and its steps as JSON (the steps fragment)."""
+    return [{"task_id": row["task_id"], **dict(zip(_STEP_READ, step, strict=True))}
+            for row in rows if row["steps"] is not None for step in _decode(row["steps"])]
 
 
 async def _tasks_with_steps(conn: psycopg.AsyncConnection[Any], rows: Iterable[Row]
@@ -389,5 +391,5 @@ async def _tasks_with_steps(conn: psycopg.AsyncConnection[Any], rows: Iterable[R
     tasks = {task.task_id: task for task in map(task_from_row, rows)}
     if tasks:
         cur = await conn.execute(_Q["select_steps"], {"task_ids": list(tasks)})
-        attach_steps(tasks, await cur.fetchall())
+        attach_steps(tasks, _steps_of(await cur.fetchall()))
     return list(tasks.values())
