@@ -37,7 +37,10 @@ POLL_S = 0.02  # the watch's, as distributed.wait_all_terminal polls
 
 
 def server_cpu() -> float:
-    """Seconds of CPU time the processes named postgres on this machine have used."""
+    """Seconds of CPU time the processes named postgres on this machine have used,
+    those that ended included: a backend's time is added to the postmaster's
+    children's time (cutime, cstime) when it exits, as when a pool replaces its
+    connections."""
     total = 0
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -47,7 +50,7 @@ def server_cpu() -> float:
             continue
         if name.endswith("(postgres"):
             fields = rest.split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
+            total += sum(map(int, fields[11:15]))  # utime, stime, cutime, cstime
     return total / os.sysconf("SC_CLK_TCK")
 
 

@@ -1,5 +1,5 @@
 """What the PostgreSQL server counts of a schema's sequential scans, and task lives to
-count them over (test_postgres_scans, test_postgres_statistics)."""
+count them over (test_postgres_scans, test_postgres_plans)."""
 
 from __future__ import annotations
 
