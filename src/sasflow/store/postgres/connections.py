@@ -23,12 +23,13 @@ background thread, are handed to it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 import psycopg
@@ -267,7 +268,7 @@ class Connections:
         conflicts = 0
         while True:
             try:
-                async with pool.connection(timeout=backoff.patience()) as conn:
+                async with self._connection(pool, backoff.patience()) as conn:
                     self.outage.recovered()
                     if self.clock_is_stale():
                         await self._refresh_clock(conn)
@@ -288,6 +289,30 @@ class Connections:
                 if lost == "raise":
                     raise Lost(str(error)) from error
                 await backoff.wait(error)
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def _connection(pool: AsyncConnectionPool, patience: float
+                          ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """`pool.connection(patience)`, but a caller cancelled while it waits for one
+        ends cancelled. psycopg_pool waits through `asyncio.wait_for`, which on
+        Python 3.11 returns the connection instead of raising when the caller is
+        cancelled just as it is handed over (CPython gh-86296): the cancellation was
+        lost, and a role's task went on with its loop while its stop waited for
+        ever. The task's count of cancellations asked for tells: if it grew during
+        the wait and nothing was raised, the connection goes back and the
+        cancellation is raised here (test_postgres_cancellation)."""
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
+        conn = await pool.getconn(patience)
+        if task is not None and task.cancelling() > asked:
+            await pool.putconn(conn)
+            raise asyncio.CancelledError
+        try:
+            async with conn:  # as pool.connection(): commit or roll back, not close
+                yield conn
+        finally:
+            await pool.putconn(conn)
 
     async def replan(self) -> None:
         """Replace the pool's connections, and with them their prepared statements'

@@ -1,0 +1,72 @@
+"""A call to the PostgreSQL store that is cancelled ends cancelled, whenever it is.
+
+psycopg_pool waits for a free connection through `asyncio.wait_for`, which on
+Python 3.11 returns what it waited for, instead of raising, when the waiting task
+is cancelled just as the connection is handed to it (the cancellation is lost:
+CPython gh-86296, fixed in 3.12). A role's task that loses its cancellation so
+goes on with its loop, and whoever stops it waits for ever. The class is "a
+cancellation that arrives while a call waits for a connection", at any moment of
+the hand-over; so the test cancels a waiting call at each of the event loop's
+steps after the connection is given back, and asks each time that the call end
+cancelled (or, if it had already ended, with its answer), and that no connection
+is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+import psycopg
+import pytest
+
+from sasflow.store.postgres.connections import Connections
+
+HANDOVER_STEPS = 12  # the loop's steps over which the connection changes hands
+HANG_GUARD = 30.0
+
+
+async def hold(held: asyncio.Event, release: asyncio.Event,
+               conn: psycopg.AsyncConnection[Any]) -> None:
+    held.set()
+    await release.wait()
+
+
+async def read(conn: psycopg.AsyncConnection[Any]) -> int:
+    row = await (await conn.execute("SELECT 1 AS one")).fetchone()
+    assert row is not None
+    return int(row["one"])
+
+
+async def test_a_call_cancelled_while_it_waits_for_a_connection_ends_cancelled(
+        postgres_url: str) -> None:
+    db = Connections(postgres_url, clock=None, create=True, pool_size=1)
+
+    def call(job: Any) -> asyncio.Future[Any]:  # as the store calls: in the pool's home loop
+        return asyncio.ensure_future(db.at_home(lambda: db.run(job, transaction=False)))
+
+    outcomes: list[str] = []
+    async with asyncio.timeout(HANG_GUARD):
+        for steps in range(HANDOVER_STEPS):
+            held, release = asyncio.Event(), asyncio.Event()
+            holder = call(functools.partial(hold, held, release))
+            await held.wait()  # the only connection is held
+            waiter = call(read)
+            for _ in range(5):
+                await asyncio.sleep(0)  # the waiter is queued for the connection
+            release.set()
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            if waiter.cancel():
+                with pytest.raises(asyncio.CancelledError):
+                    await waiter
+                outcomes.append("cancelled")
+            else:  # it had its answer before the cancellation came
+                assert await waiter == 1
+                outcomes.append("answered")
+            await holder
+        # the connection was not lost: a call still gets it
+        assert await call(read) == 1
+    await db.close()
+    assert "cancelled" in outcomes  # the race was run, not passed over
