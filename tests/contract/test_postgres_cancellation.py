@@ -70,3 +70,41 @@ async def test_a_call_cancelled_while_it_waits_for_a_connection_ends_cancelled(
         assert await call(read) == 1
     await db.close()
     assert "cancelled" in outcomes  # the race was run, not passed over
+
+
+def test_a_pool_left_on_an_idle_loop_is_closed_when_the_loop_runs_again(
+        postgres_url: str) -> None:
+    """A store closed from another loop while its pool's loop is idle (a sync fixture
+    after an async test; `App.close()` after `asyncio.run`) has that pool closed as
+    soon as the loop runs again. Else the loop's shutdown, which cancels what is left
+    on it, waited for ever on a pool worker cancelled in the middle of a maintenance
+    task: psycopg_pool's workers go on after a failed task, cancellations included,
+    and only the pool's close ends them."""
+    home = asyncio.new_event_loop()
+    db = Connections(postgres_url, clock=None, create=True, pool_size=2)
+
+    async def used_then_left_busy() -> None:
+        assert await db.at_home(lambda: db.run(read, transaction=False)) == 1
+        assert db.pool is not None
+        await db.pool.drain()  # the pool's workers connect again, in the background
+        for _ in range(3):
+            await asyncio.sleep(0)  # a worker is in the middle of its connect
+
+    try:
+        home.run_until_complete(used_then_left_busy())
+        pool = db.pool
+        assert pool is not None and not pool.closed
+        asyncio.run(db.close())  # from another loop, while the pool's is idle
+        # the home loop's shutdown, as asyncio.run and pytest-asyncio do it
+        left = asyncio.all_tasks(home)
+        for task in left:
+            task.cancel()
+        _, pending = home.run_until_complete(asyncio.wait(left, timeout=HANG_GUARD))
+        assert pending == set()
+        closing = asyncio.all_tasks(home)  # the pool's close, begun as the loop ran again
+        if closing:
+            _, pending = home.run_until_complete(asyncio.wait(closing, timeout=HANG_GUARD))
+            assert pending == set()
+        assert pool.closed
+    finally:
+        home.close()

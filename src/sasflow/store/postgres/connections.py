@@ -336,3 +336,20 @@ class Connections:
                 await pool.close()
             elif home.is_running():
                 await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(pool.close(), home))
+            else:  # idle (an async test's loop under a sync fixture, or asyncio.run's
+                # before its shutdown): closed there as soon as it runs again. Its
+                # shutdown cancels what is left on it, and a pool worker cancelled in
+                # the middle of a maintenance task goes on (psycopg_pool keeps itself
+                # whole): only the pool's close ends it (test_postgres_cancellation)
+                with contextlib.suppress(RuntimeError):  # (closed meanwhile)
+                    home.call_soon_threadsafe(_close_there, pool)
+
+
+_closing: set[asyncio.Task[None]] = set()  # pools being closed on their idle home loop
+
+
+def _close_there(pool: AsyncConnectionPool) -> None:
+    """In the pool's home loop, once it runs again: the pool closed."""
+    closing = asyncio.get_running_loop().create_task(pool.close())
+    _closing.add(closing)
+    closing.add_done_callback(_closing.discard)
