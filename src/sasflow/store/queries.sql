@@ -12,7 +12,7 @@ SELECT {task_columns}{steps} FROM tasks WHERE task_id = :task_id
 -- Served by the partial index tasks_locked: cost grows with what has expired.
 SELECT {task_columns}{steps} FROM tasks
 WHERE locked_by IS NOT NULL AND complete_by < :now
-ORDER BY complete_by LIMIT :limit
+ORDER BY complete_by, task_id LIMIT :limit
 
 -- name: select_instances
 SELECT instance_id, host, pid, CAST(roles AS TEXT) AS roles, CAST(agents AS TEXT) AS agents,

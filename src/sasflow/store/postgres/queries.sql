@@ -56,8 +56,8 @@ SELECT {task_columns}{steps} FROM tasks WHERE task_id = ANY(:task_ids)
 SELECT e.* FROM unnest(:workflows::text[]) AS w(name), LATERAL (
     SELECT {task_columns}{steps} FROM tasks
     WHERE workflow = w.name AND locked_by IS NOT NULL AND complete_by < :now
-    ORDER BY complete_by LIMIT :limit) AS e
-ORDER BY e.complete_by LIMIT :limit
+    ORDER BY complete_by, task_id LIMIT :limit) AS e
+ORDER BY e.complete_by, e.task_id LIMIT :limit
 
 -- name: next_expiry_of
 SELECT MIN(e.due) AS due FROM unnest(:workflows::text[]) AS w(name), LATERAL (
@@ -73,7 +73,7 @@ WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
               AND (i.stopped_at IS NOT NULL OR i.beat_at + i.lease < :now
                    OR tasks.updated_at < i.started_at - 1.0))
   AND (:workflows::text[] IS NULL OR workflow = ANY(:workflows::text[]))
-ORDER BY complete_by LIMIT :limit
+ORDER BY complete_by, task_id LIMIT :limit
 
 -- name: select_claimable
 -- One workflow version at a time: an ordered range scan of the partial index

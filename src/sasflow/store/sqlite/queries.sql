@@ -12,7 +12,7 @@
 SELECT {task_columns} FROM json_each(:workflows) AS w
 JOIN tasks ON tasks.workflow = w.value
 WHERE tasks.locked_by IS NOT NULL AND tasks.complete_by < :now
-ORDER BY tasks.complete_by LIMIT :limit
+ORDER BY tasks.complete_by, tasks.task_id LIMIT :limit
 
 -- name: next_expiry_of
 -- one index lookup (MIN over tasks_expiring) per workflow
@@ -33,7 +33,7 @@ WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
               AND (i.stopped_at IS NOT NULL OR i.beat_at + i.lease < :now
                    OR tasks.updated_at < i.started_at - 1.0))
   AND (:workflows IS NULL OR workflow IN (SELECT value FROM json_each(:workflows)))
-ORDER BY complete_by LIMIT :limit
+ORDER BY complete_by, task_id LIMIT :limit
 
 -- name: select_steps
 SELECT {step_columns} FROM steps
