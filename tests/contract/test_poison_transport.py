@@ -100,14 +100,40 @@ async def dead_letters_of(app: App, queues: set[str]) -> dict[str, DeadLetter]:
             await asyncio.sleep(0.05)
 
 
+def about(queue: str, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING and queue in record.getMessage()
+
+
+class _Warned(logging.Handler):
+    """Sets `event` (in `loop`, from whichever thread logs) at a warning about `queue`."""
+
+    def __init__(self, queue: str, loop: asyncio.AbstractEventLoop, event: asyncio.Event
+                 ) -> None:
+        super().__init__(logging.WARNING)
+        self.queue, self.loop, self.event = queue, loop, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if about(self.queue, record):
+            self.loop.call_soon_threadsafe(self.event.set)
+
+
 async def warned_once(caplog: pytest.LogCaptureFixture, queue: str) -> None:
     """The warning about `queue`'s dead letter is one line without a traceback. It is
     logged once the letter is kept (the broker confirmed it), so a reader of the dead
-    letters can see the letter a moment before the line: waited for (hang guard only)."""
-    async with asyncio.timeout(30.0):
-        while not (lines := [r for r in caplog.records
-                             if r.levelno >= logging.WARNING and queue in r.getMessage()]):
-            await asyncio.sleep(0.01)
+    letters can see the letter a moment before the line: waited for, as it is logged
+    (hang guard only)."""
+    warned = asyncio.Event()
+    watch = _Warned(queue, asyncio.get_running_loop(), warned)
+    # added before looking, so no line slips between; after caplog's handler, so caplog
+    # has a record by the time this one tells of it
+    logging.getLogger().addHandler(watch)
+    try:
+        if not any(about(queue, r) for r in caplog.records):
+            async with asyncio.timeout(30.0):
+                await warned.wait()
+    finally:
+        logging.getLogger().removeHandler(watch)
+    lines = [r for r in caplog.records if about(queue, r)]
     assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
 
 
