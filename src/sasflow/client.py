@@ -160,22 +160,23 @@ class Client(Operations):
         # a scheduler of this process has a slot: the task is claimed for it in the
         # submission's own transaction and driven at once (no claim, no wake-up)
         loop, scheduler, rule = claimer
-        submitting = functools.partial(self._submit_claimed, new, scheduler, rule)
+        writing = functools.partial(self._begin_claimed, new, scheduler, rule)
         if loop is asyncio.get_running_loop():
-            await submitting()
+            await asyncio.shield(writing())
         else:  # on the scheduler's loop, where the write and the hand-over (or the slot
             # given back) outlive this caller and its loop
-            await loop_calls.into(loop)(submitting, outlive_caller=True)
+            await loop_calls.into(loop)(writing, outlive_caller=True)
         return new.task_id
 
-    async def _submit_claimed(self, new: NewTask, scheduler: Scheduler,
-                              rule: ClaimRule) -> None:
-        """On `scheduler`'s loop: write `new` claimed for it, and hand it over once
-        written, even if the caller is cancelled meanwhile."""
+    def _begin_claimed(self, new: NewTask, scheduler: Scheduler, rule: ClaimRule
+                       ) -> asyncio.Future[Task | None]:
+        """On `scheduler`'s loop: the write of `new` claimed for it, begun; the task is
+        handed over once written, even if the caller is cancelled meanwhile. One task,
+        whatever loop the caller is on: what a write in flight holds, the collector walks."""
         writing = asyncio.ensure_future(
             self._store.submit_claimed(new, scheduler.instance_id, rule))
-        writing.add_done_callback(lambda done: self._hand_over(done, scheduler))
-        await asyncio.shield(writing)
+        writing.add_done_callback(functools.partial(self._hand_over, scheduler=scheduler))
+        return writing
 
     def _submit_on(self, own: OwnConnection, new: NewTask) -> bool:
         """Write `new` on the blocking submit's own connection, claimed for a scheduler of

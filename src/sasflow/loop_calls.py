@@ -112,8 +112,9 @@ class LoopCalls:
 
     async def __call__(self, make: Callable[[], Awaitable[_T]], *,
                        outlive_caller: bool = False) -> _T:
-        """`make()`'s result, made in the home loop; `outlive_caller`: it runs to its end
-        there even if this caller is cancelled, or its loop closes, before."""
+        """The result of `make()`, called in the home loop: a coroutine (run as a task
+        there) or a future of that loop; `outlive_caller`: it runs to its end there even
+        if this caller is cancelled, or its loop closes, before."""
         caller = asyncio.get_running_loop()
         answer: asyncio.Future[_T] = caller.create_future()
         call = _Call(make, caller, answer, outlive_caller)
@@ -132,18 +133,27 @@ class LoopCalls:
             # (read across threads: a hint; _cancel is sure)
             if call.future.cancelled() and not call.outlive_caller:
                 continue
-            call.task = self._home.create_task(_awaited(call.make), context=call.context)
+            call.task = self._begin(call)
             call.task.add_done_callback(functools.partial(self._answer, call))
+
+    def _begin(self, call: _Call) -> asyncio.Future[Any]:
+        """What `call.make()` gives, begun in the call's context: a coroutine as a task;
+        a future (what a call began itself) as it is, with no task around it."""
+        try:
+            begun = call.context.run(call.make)
+        except Exception as error:  # raised as it began: the caller's, as from a task
+            failed = self._home.create_future()
+            failed.set_exception(error)
+            return failed
+        if asyncio.iscoroutine(begun):
+            return self._home.create_task(begun, context=call.context)
+        return asyncio.ensure_future(begun, loop=self._home)
 
     def _answer(self, call: _Call, done: asyncio.Future[Any]) -> None:
         with self._lock:
             outbox = _of_loop(self._outboxes, call.caller,
                               lambda: _Mailbox(call.caller, _settle, _drop))
         outbox.post(call)
-
-
-async def _awaited(make: Callable[[], Awaitable[_T]]) -> _T:
-    return await make()
 
 
 def _cancel(call: _Call) -> None:

@@ -227,3 +227,19 @@ async def test_a_caller_cancelled_before_its_batch_is_taken_is_not_written() -> 
     with pytest.raises(asyncio.CancelledError):
         await gone
     assert writer.ids() == [["first"], ["b"]]
+
+
+async def test_a_write_enqueued_as_a_future_goes_with_the_awaited_ones() -> None:
+    """`enqueue` (what a store on the group commit's own loop uses, with no coroutine
+    between the caller and its write) queues like a call: its result in its future."""
+    writer = Writer()
+    commit: GroupCommit[W, str] = GroupCommit(writer, in_flight=1)
+    held = await writer.hold_first(commit)
+    awaited = start(commit, W("a"))
+    enqueued = commit.enqueue(W("b", "queued"))
+    await settle()
+    writer.gate.set()
+    async with asyncio.timeout(HANG_GUARD):
+        assert list(await asyncio.gather(held, *awaited, enqueued)) == [
+            "first:", "a:", "b:queued"]
+    assert writer.ids() == [["first"], ["a", "b"]]

@@ -153,3 +153,45 @@ def test_a_call_made_to_outlive_its_caller_runs_to_its_end(home: BackgroundLoop)
     asyncio.run(caller())  # the caller's loop is closed now
     release.set()
     assert ended.wait(WAIT)
+
+
+def test_a_call_that_begins_a_future_is_answered_by_it_and_cancelled_through_it(
+        home: BackgroundLoop) -> None:
+    """A call whose `make` begins the work itself and gives its future (as a submission
+    begins its write) is answered by that future, with no task around it: the future
+    is what a cancelled caller cancels. One that raises as it begins is its caller's
+    error."""
+    calls = calls_of(home)
+    begun: list[asyncio.Future[str]] = []
+    inside_a_task: list[bool] = []
+    each_begun = [threading.Event(), threading.Event()]
+    second_ended = threading.Event()
+
+    def begin() -> asyncio.Future[str]:
+        inside_a_task.append(asyncio.current_task() is not None)
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        begun.append(future)
+        if len(begun) == 2:
+            future.add_done_callback(lambda _: second_ended.set())
+        each_begun[len(begun) - 1].set()
+        return future
+
+    def refuse() -> asyncio.Future[str]:
+        raise ValueError("refused as it began")
+
+    async def caller() -> None:
+        answered = asyncio.ensure_future(calls(begin))
+        assert await asyncio.to_thread(each_begun[0].wait, WAIT)
+        home.loop.call_soon_threadsafe(begun[0].set_result, "written")
+        assert await answered == "written"
+        cancelled = asyncio.ensure_future(calls(begin))
+        assert await asyncio.to_thread(each_begun[1].wait, WAIT)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        with pytest.raises(ValueError, match="refused as it began"):
+            await calls(refuse)
+
+    asyncio.run(caller())
+    assert inside_a_task == [False, False]
+    assert second_ended.wait(WAIT) and begun[1].cancelled()

@@ -56,10 +56,15 @@ class GroupCommit(Generic[W, R]):
         self._flushers = Flushers(self._write_all, in_flight)
 
     async def __call__(self, write: W) -> R:
+        return await self.enqueue(write)
+
+    def enqueue(self, write: W) -> asyncio.Future[R]:
+        """Queue `write` (from this loop); its result comes in the future. Cancelled
+        before its batch is taken, it is never written."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((write, future))
         self._flushers.queued()
-        return await future
+        return future
 
     async def _write_all(self) -> None:
         while self._waiting:

@@ -166,6 +166,11 @@ class Connections:
         home = self._home
         return home is loop and self.pool is not None and not home.is_closed()
 
+    def open_here(self) -> bool:
+        """Whether the pool lives on the running loop and is open: its queues may then be
+        used at once, with no hop and no wait."""
+        return self._home is asyncio.get_running_loop() and self.opened
+
     def _home_for(self, loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
         """The loop the pool lives in; `loop` becomes it if there is none alive."""
         with self._home_lock:
@@ -188,7 +193,9 @@ class Connections:
     async def at_home(self, make: Callable[[], Awaitable[_T]]) -> _T:
         """Run `make()` in the pool's home loop, from whichever loop calls."""
         loop = asyncio.get_running_loop()
-        home = self._home_for(loop)
+        # a running loop that is the home stays it (another thread makes a new home only
+        # of a loop closed or stopped): known without the lock
+        home = loop if self._home is loop else self._home_for(loop)
         if home is loop:
             return await make()
         return await loop_calls.into(home)(make)

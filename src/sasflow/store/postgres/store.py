@@ -4,8 +4,7 @@ Why psycopg 3 (rather than asyncpg): native asyncio with a maintained pool
 (psycopg_pool.AsyncConnectionPool), server-side parameter binding, pipeline mode,
 COPY and LISTEN/NOTIFY, and one driver for the sync and async sides, so
 `submit_in` can join an application's ordinary psycopg transaction (E1). It is
-maintained by the author of psycopg2, the driver most PostgreSQL applications
-already use.
+maintained by the author of psycopg2.
 
 * claim: per workflow `SELECT ... FOR UPDATE SKIP LOCKED LIMIT n`, then the
   claim transitions applied in the same transaction, so concurrent schedulers on
@@ -14,9 +13,8 @@ already use.
   transaction starts share one bulk statement (bulk.py), and a write whose
   commit's answer was lost is found again by its token, so no write is lost or
   applied twice by a restart.
-* wake-ups: whatever makes work claimable NOTIFYs in its transaction; `watch`
-  LISTENs, so idle schedulers anywhere wake when work appears instead of polling;
-  a batch that ends tasks NOTIFYs their ids, which `on_finished` hears (wake.py).
+* wake-ups (wake.py): work made claimable NOTIFYs in its transaction, heard by
+  `watch`; a batch that ends tasks NOTIFYs their ids, heard by `on_finished`.
 * connections, faults and the database's clock: connections.py.
 
 Times are seconds since the epoch (double precision) so the planner is the same
@@ -30,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -223,14 +221,21 @@ class PostgresStore(SQLStore):
             log.warning("a write's answer was lost (%s); it had committed", lost)
         return found
 
-    async def _group_commit(self, write: Write) -> bool:
+    def _group_commit(self, write: Write) -> Awaitable[bool]:
+        """What became of `write` once its batch committed: on the open pool's home loop
+        the batch's future itself (a coroutine between a step and its write would live as
+        long as the write, walked by the collector); else the way there."""
+        if self._db.open_here():
+            assert self._commit is not None
+            return self._commit.enqueue(write)
+
         async def enqueue() -> bool:
             assert self._commit is not None
             if not self._db.opened:
                 await self._db.open(self._db.backoff())
             return await self._commit(write)
 
-        return await self._db.at_home(enqueue)
+        return self._db.at_home(enqueue)
 
     # ------------------------------------------------------------ reading
     async def get(self, task_id: str) -> Task | None:
