@@ -190,15 +190,16 @@ class Connections:
                 self._on_new_home()
             return home
 
-    async def at_home(self, make: Callable[[], Awaitable[_T]]) -> _T:
-        """Run `make()` in the pool's home loop, from whichever loop calls."""
+    def at_home(self, make: Callable[[], Awaitable[_T]]) -> Awaitable[_T]:
+        """`make()` in the pool's home loop, from whichever loop calls: on the home loop
+        itself, what it gives, with no coroutine around it."""
         loop = asyncio.get_running_loop()
         # a running loop that is the home stays it (another thread makes a new home only
         # of a loop closed or stopped): known without the lock
         home = loop if self._home is loop else self._home_for(loop)
         if home is loop:
-            return await make()
-        return await loop_calls.into(home)(make)
+            return make()
+        return loop_calls.into(home)(make)
 
     # ------------------------------------------------------------ connections
     def connect_timeout(self) -> int:

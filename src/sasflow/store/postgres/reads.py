@@ -5,6 +5,8 @@ on that loop.
 * Many clients waiting for their tasks share one statement, one round trip: a
   lone read goes at once; while reads are in flight the next ones gather, and each
   batch is one statement (`task_id = ANY(:ids)`; a batch of one, `task_id = :id`).
+* Tasks are made of their rows here: a task row with its steps as JSON (the steps
+  fragment), or task rows whose steps a statement of their own fetches.
 * The pool lives in one loop (connections.py); a call from another loop is
   handed to it and its answer handed back, four thread wake-ups a read, each
   waiting for the busy roles' loop and for a CPU. Measured on the 2-core machine
@@ -20,16 +22,24 @@ import asyncio
 import copy
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+import msgspec
 import psycopg
 from psycopg.rows import dict_row
 
 from sasflow.model import Task
+from sasflow.store import columns, queries
 from sasflow.store.postgres.flushers import Flushers
+from sasflow.store.rows import Row, attach_steps, task_from_row
 
-__all__ = ["GuestReads", "ReadBatch"]
+__all__ = ["GuestReads", "ReadBatch", "read_of", "read_text_of", "tasks_of_rows",
+           "tasks_with_steps"]
+
+_Q = queries.load("postgres", "pyformat")
+_decode = msgspec.json.decode
+_STEP_READ = [name for name in columns.STEP if name != "task_id"]  # the steps fragment's
 
 Read = Callable[[Sequence[str]], Awaitable[list[Task]]]
 
@@ -147,3 +157,40 @@ class GuestReads:
                 await conn.close()
             else:
                 guest.drop()
+
+
+def read_of(task_ids: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """The statement that reads these tasks: one alone by `task_id = %s` (a one-element
+    array parameter costs ~100 µs more to adapt and parse, benchmarks.md)."""
+    if len(task_ids) == 1:
+        return "select_task", {"task_id": task_ids[0]}
+    return "select_tasks", {"task_ids": list(task_ids)}
+
+
+def read_text_of(task_ids: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    name, params = read_of(task_ids)
+    return _Q[name], params
+
+
+def tasks_of_rows(rows: Iterable[Row]) -> list[Task]:
+    """Tasks from task rows with their steps as JSON (the steps fragment)."""
+    rows = list(rows)
+    tasks = {task.task_id: task for task in map(task_from_row, rows)}
+    attach_steps(tasks, _steps_of(rows))
+    return list(tasks.values())
+
+
+def _steps_of(rows: Iterable[Row]) -> list[Row]:
+    """Unit rows from rows with a task id and its steps as JSON (the steps fragment)."""
+    return [{"task_id": row["task_id"], **dict(zip(_STEP_READ, step, strict=True))}
+            for row in rows if row["steps"] is not None for step in _decode(row["steps"])]
+
+
+async def tasks_with_steps(conn: psycopg.AsyncConnection[Any], rows: Iterable[Row]
+                           ) -> list[Task]:
+    """Tasks from task rows, their steps read in a statement of their own."""
+    tasks = {task.task_id: task for task in map(task_from_row, rows)}
+    if tasks:
+        cur = await conn.execute(_Q["select_steps"], {"task_ids": list(tasks)})
+        attach_steps(tasks, _steps_of(await cur.fetchall()))
+    return list(tasks.values())

@@ -27,17 +27,17 @@ in a schema of their own add ``?options=-csearch_path%3DNAME``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import msgspec
 import psycopg
 
 from sasflow.errors import ConfigurationError
 from sasflow.model import Task
 from sasflow.redact import redact, scrub
-from sasflow.store import columns, queries
+from sasflow.store import queries
 from sasflow.store.interfaces import ClaimRule
 from sasflow.store.postgres.backoff import Backoff
 from sasflow.store.postgres.bulk import (
@@ -52,16 +52,21 @@ from sasflow.store.postgres.bulk import (
 )
 from sasflow.store.postgres.commit import GroupCommit
 from sasflow.store.postgres.connections import Connections, Lost
-from sasflow.store.postgres.reads import GuestReads, ReadBatch
+from sasflow.store.postgres.reads import (
+    GuestReads,
+    ReadBatch,
+    read_of,
+    read_text_of,
+    tasks_of_rows,
+    tasks_with_steps,
+)
 from sasflow.store.postgres.wake import FinishedListener, FinishedNotices, listen_for_work
 from sasflow.store.records import NewTask
 from sasflow.store.rows import (
     Row,
-    attach_steps,
     check_legal,
     claim_transition,
     claimed_at_submission,
-    task_from_row,
 )
 from sasflow.store.sql_store import SQLStore, Statement
 from sasflow.transition import Transition
@@ -71,8 +76,6 @@ __all__ = ["PostgresStore"]
 log = logging.getLogger("sasflow.store.postgres")
 
 _Q = queries.load("postgres", "pyformat")
-_decode = msgspec.json.decode
-_STEP_READ = [name for name in columns.STEP if name != "task_id"]  # the steps fragment's
 # statements that answer with rows (in pipeline mode a cursor cannot tell before its
 # result has come, and asking would cost a round trip of its own)
 _ANSWERS = frozenset(name for name, text in _Q.items()
@@ -94,8 +97,8 @@ class PostgresStore(SQLStore):
         self._reads: ReadBatch | None = None
         self._finished = FinishedListener(conninfo, self._db.connect_timeout())
         self._guests = GuestReads(
-            conninfo, statement=_read_text_of, setup=_Q["session_setup"],
-            rows_to_tasks=_tasks_and_their_steps,
+            conninfo, statement=read_text_of, setup=_Q["session_setup"],
+            rows_to_tasks=tasks_of_rows,
             connect_timeout=self._db.connect_timeout(),
             fallback=lambda ids: self._db.at_home(lambda: self._read_at_home(ids)))
         self._db.on_new_home(self._new_home)
@@ -156,7 +159,7 @@ class PostgresStore(SQLStore):
         return rows
 
     async def _fetch_tasks(self, name: str, params: Mapping[str, Any]) -> list[Task]:
-        return _tasks_and_their_steps(await self._fetch(name, params))
+        return tasks_of_rows(await self._fetch(name, params))
 
     async def _write(self, statements: Callable[[float], Sequence[Statement]]
                      ) -> list[Sequence[Row]]:
@@ -228,14 +231,20 @@ class PostgresStore(SQLStore):
         if self._db.open_here():
             assert self._commit is not None
             return self._commit.enqueue(write)
+        return self._db.at_home(functools.partial(self._enqueue_at_home, write))
 
-        async def enqueue() -> bool:
+    def _enqueue_at_home(self, write: Write) -> Awaitable[bool]:
+        """(On the home loop.) `write` queued there, the store opened first if it is not."""
+        assert self._commit is not None
+        if self._db.opened:  # (a future: handed to another loop with no task around it)
+            return self._commit.enqueue(write)
+
+        async def opened_first() -> bool:
             assert self._commit is not None
-            if not self._db.opened:
-                await self._db.open(self._db.backoff())
+            await self._db.open(self._db.backoff())
             return await self._commit(write)
 
-        return self._db.at_home(enqueue)
+        return opened_first()
 
     # ------------------------------------------------------------ reading
     async def get(self, task_id: str) -> Task | None:
@@ -251,7 +260,7 @@ class PostgresStore(SQLStore):
         return await self._db.at_home(read)
 
     async def _read_at_home(self, task_ids: Sequence[str]) -> list[Task]:
-        return await self._fetch_tasks(*_read_of(task_ids))
+        return await self._fetch_tasks(*read_of(task_ids))
 
     # ------------------------------------------------------------ submission
     async def submit(self, task: NewTask, *, connection: Any = None) -> bool:
@@ -315,7 +324,7 @@ class PostgresStore(SQLStore):
             if len(shapes) > 1:  # the earliest runnable first, whatever their workflow;
                 # the rows left over are unlocked again at commit
                 rows = sorted(rows, key=lambda row: row["available_at"])[:limit]
-            tasks = await _tasks_with_steps(conn, rows)
+            tasks = await tasks_with_steps(conn, rows)
             planned = [claimed for task in tasks
                        if (claimed := claim_transition(rules[task.workflow], task, owner, now))]
             tasks = [task for _, task in planned]  # as claimed
@@ -362,39 +371,3 @@ class PostgresStore(SQLStore):
         await asyncio.to_thread(self._finished.close)
         await self._guests.close()
         await self._db.close()
-
-
-def _read_of(task_ids: Sequence[str]) -> tuple[str, dict[str, Any]]:
-    """The statement that reads these tasks: one alone by `task_id = %s` (a one-element
-    array parameter costs ~100 µs more to adapt and parse, benchmarks.md)."""
-    if len(task_ids) == 1:
-        return "select_task", {"task_id": task_ids[0]}
-    return "select_tasks", {"task_ids": list(task_ids)}
-
-
-def _read_text_of(task_ids: Sequence[str]) -> tuple[str, dict[str, Any]]:
-    name, params = _read_of(task_ids)
-    return _Q[name], params
-
-
-def _tasks_and_their_steps(rows: Iterable[Row]) -> list[Task]:
-    """Tasks from task rows with their steps as JSON (the steps fragment)."""
-    rows = list(rows)
-    tasks = {task.task_id: task for task in map(task_from_row, rows)}
-    attach_steps(tasks, _steps_of(rows))
-    return list(tasks.values())
-
-
-def _steps_of(rows: Iterable[Row]) -> list[Row]:
-    """Unit rows from rows with a task id and its steps as JSON (the steps fragment)."""
-    return [{"task_id": row["task_id"], **dict(zip(_STEP_READ, step, strict=True))}
-            for row in rows if row["steps"] is not None for step in _decode(row["steps"])]
-
-
-async def _tasks_with_steps(conn: psycopg.AsyncConnection[Any], rows: Iterable[Row]
-                            ) -> list[Task]:
-    tasks = {task.task_id: task for task in map(task_from_row, rows)}
-    if tasks:
-        cur = await conn.execute(_Q["select_steps"], {"task_ids": list(tasks)})
-        attach_steps(tasks, _steps_of(await cur.fetchall()))
-    return list(tasks.values())
