@@ -8,6 +8,7 @@ sasflow's figures as in the peers'.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import json
@@ -19,8 +20,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 3
@@ -174,3 +175,23 @@ class Collections:
 
 def median_of(values: list[float]) -> float:
     return statistics.median(values)
+
+
+T = TypeVar("T")
+
+
+async def in_flight(n: int, limit: int, one: Callable[[], Awaitable[T]]) -> list[T]:
+    """`one()` called `n` times, `limit` calls at a time, the results in call order:
+    `limit` callers, each taking the next call as its last ends, as the requests a web
+    app serves at once. (Not one task per call parked on a semaphore: the n - limit
+    parked tasks and their coroutines, all alive from the start, were what the garbage
+    collector walked most, and weighed on the rows beside the library's own objects.)"""
+    results: list[Any] = [None] * n
+    calls = iter(range(n))
+
+    async def caller() -> None:
+        for i in calls:  # one iterator shared by all the callers: each call taken once
+            results[i] = await one()
+
+    await asyncio.gather(*(caller() for _ in range(min(limit, n))))
+    return results

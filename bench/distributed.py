@@ -365,13 +365,10 @@ def wait_all_terminal(url: str, n: int) -> None:
 
 async def _concurrent(app: App, n: int, task_input: Any, t0: float
                       ) -> tuple[float, list[Any]]:
-    slots = asyncio.Semaphore(CLIENT_IN_FLIGHT)
-
     async def one() -> str:
-        async with slots:
-            return await app.asubmit(WORKFLOW, task_input)
+        return await app.asubmit(WORKFLOW, task_input)
 
-    ids = await asyncio.gather(*(one() for _ in range(n)))
+    ids = await C.in_flight(n, CLIENT_IN_FLIGHT, one)
     t_sub = time.perf_counter() - t0
     return t_sub, [await app.await_(i, timeout=STUCK_S) for i in ids]
 
@@ -380,14 +377,10 @@ async def _clients(app: App, n: int, task_input: Any, t0: float
                    ) -> tuple[float, list[Any]]:
     """Up to CLIENT_IN_FLIGHT clients at a time, each submitting a task and awaiting
     it; the waits overlap, as the requests a web app serves at once."""
-    slots = asyncio.Semaphore(CLIENT_IN_FLIGHT)
-
     async def one() -> Any:
-        async with slots:
-            return await app.await_(await app.asubmit(WORKFLOW, task_input),
-                                    timeout=STUCK_S)
+        return await app.await_(await app.asubmit(WORKFLOW, task_input), timeout=STUCK_S)
 
-    tasks = await asyncio.gather(*(one() for _ in range(n)))
+    tasks = await C.in_flight(n, CLIENT_IN_FLIGHT, one)
     return time.perf_counter() - t0, tasks  # (submissions and waits are not apart)
 
 

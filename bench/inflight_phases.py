@@ -104,13 +104,10 @@ def measure(n: int, style: str, watch_on: bool = True) -> dict[str, Any]:
             watcher.start()
 
         async def client() -> float:
-            slots = asyncio.Semaphore(IN_FLIGHT)
-
             async def one() -> str:
-                async with slots:
-                    return await app.asubmit(WORKFLOW, None)
+                return await app.asubmit(WORKFLOW, None)
 
-            ids = await asyncio.gather(*(one() for _ in range(n)))
+            ids = await C.in_flight(n, IN_FLIGHT, one)
             submitted = time.perf_counter()
             if style == "inorder":
                 for task_id in ids:

@@ -35,14 +35,11 @@ def measure(n: int, place: str) -> dict[str, Any]:
         app._loop.run(app.asubmit(WORKFLOW, None))  # the store opened in its loop
 
         async def submit_all() -> tuple[float, float]:
-            slots = asyncio.Semaphore(IN_FLIGHT)
-
             async def one() -> str:
-                async with slots:
-                    return await app.asubmit(WORKFLOW, None)
+                return await app.asubmit(WORKFLOW, None)
 
             t0, c0 = time.perf_counter(), time.process_time()
-            await asyncio.gather(*(one() for _ in range(n)))
+            await C.in_flight(n, IN_FLIGHT, one)
             return time.perf_counter() - t0, time.process_time() - c0
 
         if place == "other":

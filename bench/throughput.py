@@ -122,14 +122,11 @@ def _per_step(cpu_s: float, n: int) -> float:
 
 async def _concurrent(app: Any, n: int, task_input: Any, t0: float
                       ) -> tuple[float, list[Any]]:
-    slots = asyncio.Semaphore(CLIENT_IN_FLIGHT)
-
     async def one() -> str:
-        async with slots:
-            task_id: str = await app.asubmit(WORKFLOW, task_input)
-            return task_id
+        task_id: str = await app.asubmit(WORKFLOW, task_input)
+        return task_id
 
-    ids = await asyncio.gather(*(one() for _ in range(n)))
+    ids = await C.in_flight(n, CLIENT_IN_FLIGHT, one)
     t_sub = time.perf_counter() - t0
     return t_sub, [await app.await_(i, timeout=STUCK_S) for i in ids]
 
