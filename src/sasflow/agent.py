@@ -236,23 +236,41 @@ class AgentRuntime:
             call, policy=agent.retry, breaker=self.breakers[agent.name],
             deadline=request.complete_by - DEADLINE_MARGIN, clock=self.clock,
             on_retry=None if metered is None else metered.retried)
+        started = time.perf_counter()  # (timed here, with no coroutine around the calls)
+        deadline = asyncio.timeout(budget)
         try:
-            async with asyncio.timeout(budget):
-                result = await (retrying if metered is None else metered.timed(retrying))
-        except TimeoutError:
-            log.info("%s %s/%s: complete-by passed, falling silent", agent.name,
-                     request.task_id, request.step)
+            async with deadline:
+                result = await retrying
+        except asyncio.CancelledError:  # the worker stops
+            _took(metered, "deadline", started)
+            raise
+        except TimeoutError as error:
+            if deadline.expired():
+                _took(metered, "deadline", started)
+                log.info("%s %s/%s: complete-by passed, falling silent", agent.name,
+                         request.task_id, request.step)
+                return
+            # the remote's own (a socket's read timing out): a failure like any other
+            await self._gave_up(agent, request, error, metered, started)
             return
         except PermanentError as error:
+            _took(metered, "permanent", started)
             await self._reply(request, ok=False, error=str(error) or type(error).__name__,
                               permanent=True)
             return
         except Exception as error:
-            log.info("%s %s/%s: giving up: %r", agent.name, request.task_id, request.step, error)
-            await self._reply(request, ok=False, error=f"{type(error).__name__}: {error}")
+            await self._gave_up(agent, request, error, metered, started)
             return
+        _took(metered, "ok", started)
         if failpoints.ARMED: await failpoints.hit("agent.after_call")  # noqa: E701
         await self._reply(request, ok=True, result=result)
+
+    async def _gave_up(self, agent: AgentFunction, request: Request, error: Exception,
+                       metered: AgentMetrics | None, started: float) -> None:
+        """The calls failed, retries and all: the unit's error replied (transient)."""
+        _took(metered, "transient", started)
+        log.info("%s %s/%s: giving up: %r", agent.name, request.task_id, request.step, error)
+        await self._reply(request, ok=False, error=f"{type(error).__name__}: {error}")
 
     def _caller(self, agent: AgentFunction, fn: Callable[[AgentRequest], Any],
                 request: Request) -> Callable[[int], Any]:
@@ -346,3 +364,10 @@ def _clip(error: str | None) -> str | None:
     if error is None or len(error) <= _MAX_ERROR_CHARS:
         return error
     return f"{error[:_MAX_ERROR_CHARS]}... ({len(error) - _MAX_ERROR_CHARS} more characters)"
+
+
+def _took(metered: AgentMetrics | None, outcome: str, started: float) -> None:
+    """Observe a request's calls, begun at `started`, as ended by `outcome`; metrics off,
+    nothing."""
+    if metered is not None:
+        metered.took(outcome, started)

@@ -47,8 +47,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import TypeVar
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -62,7 +61,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sasflow.breaker import BreakerState, CircuitBreaker
 from sasflow.durations import Durations
-from sasflow.errors import ConfigurationError, PermanentError
+from sasflow.errors import ConfigurationError
 from sasflow.model import TaskState
 from sasflow.store.records import Alert, Instance
 from sasflow.transition import Transition
@@ -72,7 +71,6 @@ __all__ = ["CONTENT_TYPE", "OUTCOMES", "AgentMetrics", "Metrics", "store_exposit
 
 log = logging.getLogger("sasflow.metrics")
 
-T = TypeVar("T")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST  # the text format, what /metrics answers with
 OUTCOMES = ("ok", "transient", "permanent", "deadline")
@@ -199,31 +197,18 @@ class AgentMetrics:
     """One agent's series, bound once: a request then costs one observation, no label
     lookup. Observed from the loop its roles run on."""
 
-    __slots__ = ("_deadline", "_ok", "_permanent", "_transient", "retried")
+    __slots__ = ("_series", "retried")
 
     def __init__(self, metrics: Metrics, agent: str) -> None:
-        took = metrics.step_duration
-        self._ok, self._transient, self._permanent, self._deadline = (
-            took.series(agent, outcome) for outcome in OUTCOMES)
+        self._series = {outcome: metrics.step_duration.series(agent, outcome)
+                        for outcome in OUTCOMES}
         self.retried: Callable[[], None] = metrics.agent_retries.labels(agent).inc
 
-    async def timed(self, handling: Awaitable[T]) -> T:
-        """`handling` (an agent's calls for one request, retries included), timed by how
-        it ended."""
-        started = time.perf_counter()
-        try:
-            result = await handling
-        except PermanentError:
-            self._permanent.observe(time.perf_counter() - started)
-            raise
-        except Exception:
-            self._transient.observe(time.perf_counter() - started)
-            raise
-        except asyncio.CancelledError:  # the complete-by passed (asyncio.timeout), or a stop
-            self._deadline.observe(time.perf_counter() - started)
-            raise
-        self._ok.observe(time.perf_counter() - started)
-        return result
+    def took(self, outcome: str, started: float) -> None:
+        """A request's calls (retries included), begun at `started` (time.perf_counter),
+        ended by `outcome`: ok, transient, permanent or deadline (the complete-by
+        passed, or the worker stopped)."""
+        self._series[outcome].observe(time.perf_counter() - started)
 
 
 class _Counting:

@@ -190,6 +190,21 @@ async def test_exhausted_retries_reply_gave_up_not_permanent(transport: MemoryTr
     assert reply.error == "ConnectionError: connection refused"
 
 
+async def test_a_timeout_the_remote_raised_is_a_failure_replied_not_the_complete_by(
+        transport: MemoryTransport, inbox: Inbox) -> None:
+    """A call that ends in the remote's own TimeoutError (a socket's read timing out)
+    has failed like any other, long before the unit's complete-by: its error is
+    replied at once, as for any transient error, not taken for the complete-by
+    passing (which would leave the step silent until then)."""
+    def charge(req: AgentRequest) -> None:
+        raise TimeoutError("read timed out")
+
+    await handle(transport, agent(charge, attempts=2), request())
+    reply = await inbox.one()
+    assert (reply.ok, reply.permanent) == (False, False)
+    assert reply.error == "TimeoutError: read timed out"
+
+
 async def test_async_handler_still_running_at_complete_by_sends_nothing(
         transport: MemoryTransport, inbox: Inbox) -> None:
     """S5: at complete-by the agent stops its work and replies NOTHING, not even an error."""

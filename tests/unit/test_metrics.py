@@ -119,34 +119,6 @@ def test_declared_workflows_and_queues_and_both_alert_kinds_show_at_zero() -> No
 
 
 # ---------------------------------------------------------------- the agent
-async def test_a_request_is_timed_by_how_it_ended() -> None:
-    metrics = Metrics()
-    payments = metrics.agent("payments")
-
-    async def returns() -> str:
-        return "charged"
-
-    async def raises(error: Exception) -> None:
-        raise error
-
-    assert await payments.timed(returns()) == "charged"
-    with pytest.raises(PermanentError):
-        await payments.timed(raises(PermanentError("card declined")))
-    with pytest.raises(ConnectionError):
-        await payments.timed(raises(ConnectionError("down")))
-    hung = asyncio.create_task(payments.timed(asyncio.Event().wait()))
-    await asyncio.sleep(0)  # it is waiting now
-    hung.cancel()  # as asyncio.timeout does at the complete-by
-    with pytest.raises(asyncio.CancelledError):
-        await hung
-    for outcome in OUTCOMES:
-        assert value(metrics, "sasflow_step_duration_seconds_count", agent="payments",
-                     outcome=outcome) == 1, outcome
-        took = value(metrics, "sasflow_step_duration_seconds_sum", agent="payments",
-                     outcome=outcome)
-        assert took is not None and took >= 0
-
-
 def test_step_durations_are_exposed_as_the_librarys_own_histogram_would_be() -> None:
     """The durations are kept by hand (durations.py): fed the same observations,
     including ones on each bound, the text a scrape gives is the library Histogram's,
@@ -222,6 +194,54 @@ async def test_the_agent_runtime_times_each_request_and_counts_its_retries(
                  outcome="deadline") == 1
     assert value(metrics, "sasflow_step_duration_seconds_count", agent="payments",
                  outcome="transient") == 0
+
+
+async def test_a_request_is_timed_by_how_it_ended(transport: MemoryTransport) -> None:
+    """Each request's calls are timed once, by how they ended: a result (ok); a
+    permanent refusal; a transient error once the tries ran out, a timeout the
+    remote raised among them (transient); the complete-by passing, or the worker
+    stopping, while a call runs (deadline)."""
+    metrics = Metrics()
+    running = asyncio.Event()
+
+    async def charge(req: AgentRequest) -> str:
+        match req.input:
+            case "refused":
+                raise PermanentError("card declined")
+            case "down":
+                raise ConnectionError("down")
+            case "slow":
+                raise TimeoutError("read timed out")
+            case "hang":
+                running.set()
+                await asyncio.Event().wait()
+        return "charged"
+
+    declared = AgentFunction(name="payments", handler=charge,
+                             retry=RetryPolicy(attempts=2, initial_wait=0.001, jitter=0.0))
+    runtime = AgentRuntime(transport, [declared], metrics=metrics)
+
+    async def handled(what: str, within: float = HANG_GUARD) -> None:
+        sent = runtime_request(within=within)
+        sent.input = what
+        await runtime.handle(declared, sent)
+
+    for what in ("ok", "refused", "down", "slow"):
+        await handled(what)
+    await handled("hang", within=0.2)  # silent at its complete-by
+    running.clear()
+    stopped = asyncio.create_task(handled("hang"))
+    await running.wait()
+    stopped.cancel()  # as a worker's stop does
+    with pytest.raises(asyncio.CancelledError):
+        await stopped
+    counts = {outcome: value(metrics, "sasflow_step_duration_seconds_count",
+                             agent="payments", outcome=outcome) for outcome in OUTCOMES}
+    assert counts == {"ok": 1, "permanent": 1, "transient": 2, "deadline": 2}
+    for outcome in OUTCOMES:
+        took = value(metrics, "sasflow_step_duration_seconds_sum", agent="payments",
+                     outcome=outcome)
+        assert took is not None and took >= 0
 
 
 # ---------------------------------------------------------------- transitions
