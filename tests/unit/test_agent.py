@@ -178,31 +178,23 @@ async def test_every_attempt_gets_the_same_idempotency_key(transport: MemoryTran
     assert keys == [(1, key), (2, key), (3, key)]
 
 
-async def test_exhausted_retries_reply_gave_up_not_permanent(transport: MemoryTransport,
-                                                             inbox: Inbox) -> None:
+@pytest.mark.parametrize(("error", "replied"), [
+    (ConnectionError("connection refused"), "ConnectionError: connection refused"),
+    # the remote's own timeout (a socket's read timing out) has failed like any other,
+    # long before the unit's complete-by: replied, not taken for the complete-by
+    # passing, which would leave the step silent until then (S5)
+    (TimeoutError("read timed out"), "TimeoutError: read timed out"),
+], ids=["refused", "remote-timeout"])
+async def test_exhausted_retries_reply_gave_up_not_permanent(
+        transport: MemoryTransport, inbox: Inbox, error: Exception, replied: str) -> None:
     """Transient failures until the attempts run out: an error reply, not permanent."""
     def charge(req: AgentRequest) -> None:
-        raise ConnectionError("connection refused")
+        raise error
 
     await handle(transport, agent(charge, attempts=3), request())
     reply = await inbox.one()
     assert (reply.ok, reply.permanent) == (False, False)
-    assert reply.error == "ConnectionError: connection refused"
-
-
-async def test_a_timeout_the_remote_raised_is_a_failure_replied_not_the_complete_by(
-        transport: MemoryTransport, inbox: Inbox) -> None:
-    """A call that ends in the remote's own TimeoutError (a socket's read timing out)
-    has failed like any other, long before the unit's complete-by: its error is
-    replied at once, as for any transient error, not taken for the complete-by
-    passing (which would leave the step silent until then)."""
-    def charge(req: AgentRequest) -> None:
-        raise TimeoutError("read timed out")
-
-    await handle(transport, agent(charge, attempts=2), request())
-    reply = await inbox.one()
-    assert (reply.ok, reply.permanent) == (False, False)
-    assert reply.error == "TimeoutError: read timed out"
+    assert reply.error == replied
 
 
 async def test_async_handler_still_running_at_complete_by_sends_nothing(
