@@ -170,9 +170,8 @@ class Client(Operations):
 
     def _begin_claimed(self, new: NewTask, scheduler: Scheduler, rule: ClaimRule
                        ) -> asyncio.Future[Task | None]:
-        """On `scheduler`'s loop: the write of `new` claimed for it, begun; the task is
-        handed over once written, even if the caller is cancelled meanwhile. One task,
-        whatever loop the caller is on: what a write in flight holds, the collector walks."""
+        """On `scheduler`'s loop: the write of `new` claimed for it, begun (one task, from
+        any loop); the task is handed over once written, even if the caller is gone."""
         writing = asyncio.ensure_future(
             self._store.submit_claimed(new, scheduler.instance_id, rule))
         writing.add_done_callback(functools.partial(self._hand_over, scheduler=scheduler))
@@ -263,7 +262,8 @@ class Client(Operations):
                 while True:
                     if read:
                         task = await self.aget(task_id)
-                        if task.terminal:
+                        if task.terminal:  # (a final end kept: the next waiter need not read)
+                            self._signals.ended.keep_read(task)
                             return task
                     read = True
                     while True:

@@ -1,5 +1,6 @@
-"""The tasks that schedulers of this process ended in a final state, kept so that a
-client that comes to wait for one after its end is answered without a read.
+"""The tasks that schedulers of this process ended in a final state, or that a
+waiter of this process read in one, kept so that a client that comes to wait for
+one after its end is answered without a read.
 
 A final state (processed, compensated, cancelled: `model.FINAL_TASK_STATES`) has
 no way out: no planner rule and no operator action moves the task again, and
@@ -8,6 +9,12 @@ of the scheduler's snapshot, field for field the row: handover.py) is therefore
 what every later read of it returns, from any process. Answering from here is
 exact, not a cache that may go stale. A task that ended in error is not kept:
 an operator may retry it (E8), and a waiter must then see the retry.
+
+A waiter's read keeps what it found for the same reason, and it closes a gap:
+a waiter that came while the ending write was on its way reads the store, and
+may find the end there before the scheduler that wrote it has kept it (SQLite's
+writer tells the waiters as it commits, ahead of that scheduler's next turn); a
+client that comes to wait after that waiter was answered would read again.
 
 What it saves is the read a client makes when it waits for a task that ended
 before it came: an application that submits a batch and then waits for each
@@ -66,6 +73,11 @@ class EndedHere:
             while self._bytes > self._budget and self._kept:
                 _, dropped = self._kept.popitem(last=False)
                 self._bytes -= len(dropped) + _ENTRY_OVERHEAD
+
+    def keep_read(self, task: Task) -> None:
+        """`task` as a read of the store found it: kept if its state is final."""
+        if final(task.state):
+            self.keep(task, encode_task(task))
 
     def get(self, task_id: str) -> Task | None:
         """A copy of the task if this process ended it in a final state (and still

@@ -300,3 +300,27 @@ async def test_a_waiter_of_a_task_not_driven_here_reads_it_first(
         assert reads == [TaskState.PROCESSING, TaskState.PROCESSED]
     finally:
         await elsewhere.aclose()  # its store may live on this loop
+
+
+async def test_a_final_end_a_waiter_read_is_kept_for_the_next_waiter(
+        store_url: str, app: App, gate: threading.Event,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A final end that a waiter read from the store is what every later read returns,
+    so it is kept: the next waiter of that client reads nothing. Here the client has
+    no roles (a web app beside the workers); the same holds for a waiter that came
+    while the ending write was on its way and found the end before the scheduler
+    that wrote it had kept it (SQLite's writer tells waiters as it commits)."""
+    gate.set()
+    task_id = await app.asubmit("gated", {"n": 7})
+    done = await app.await_(task_id, timeout=WAIT)
+    assert done.state is TaskState.PROCESSED
+    elsewhere = App(store=store_url)
+    try:
+        reads = counting_reads(elsewhere, monkeypatch)
+        first = await elsewhere.await_(task_id, timeout=WAIT)
+        assert reads == [TaskState.PROCESSED]
+        again = await elsewhere.await_(task_id, timeout=WAIT)
+        assert reads == [TaskState.PROCESSED]  # kept from the first: not read again
+        assert again == first == done
+    finally:
+        await elsewhere.aclose()  # its store may live on this loop
