@@ -123,6 +123,7 @@ def measure(mode: str, src: str | None, n: int, worker_args: list[str]) -> dict[
                     return {"error": f"no task started (rc={proc.poll()}, log {log})"}
                 time.sleep(POLL_S)
             t0, busy0 = time.perf_counter(), machine_busy()
+            wal0 = wal_lsn(watch)
             own0 = own_cpu(watch, d.db, proc.pid)
             own1, polls = dict(own0), 0
             while watch.all_terminal() < n:
@@ -133,7 +134,11 @@ def measure(mode: str, src: str | None, n: int, worker_args: list[str]) -> dict[
                     merge_cpu(own1, own_cpu(watch, d.db, proc.pid))
                 time.sleep(POLL_S)
             elapsed, busy = time.perf_counter() - t0, machine_busy() - busy0
+            wal = wal_lsn(watch) - wal0
             merge_cpu(own1, own_cpu(watch, d.db, proc.pid))
+            proc.terminate()  # its backends report their counts as they exit
+            proc.wait(timeout=60)
+            hot = hot_updates(watch)
         finally:
             watch.close()
     own = sum(cpu - own0.get(pid, 0.0) for pid, cpu in own1.items())
@@ -142,7 +147,23 @@ def measure(mode: str, src: str | None, n: int, worker_args: list[str]) -> dict[
             "machine_cpu_us_per_step": round(busy / (3 * n) * 1e6, 1),
             "own_cpu_us_per_step": round(own / (3 * n) * 1e6, 1),
             "roles_cpu_us_per_step": round(roles / (3 * n) * 1e6, 1),
+            "wal_bytes_per_step": round(wal / (3 * n)), **hot,
             "load_avg": os.getloadavg()[0]}
+
+
+def wal_lsn(watch: Observer) -> int:
+    """The server's WAL position in bytes (the whole server: the run's database is the
+    only one busy)."""
+    row = watch.conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    return int(row[0]) if row else 0
+
+
+def hot_updates(watch: Observer) -> dict[str, float]:
+    """Of the run's updates of task and step rows, the share made in place (HOT: no
+    index entry written), read once the roles' backends have exited."""
+    rows = watch.conn.execute("SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+                              " WHERE relname IN ('tasks', 'steps')").fetchall()
+    return {f"{name}_hot_share": round(hot / upd, 3) if upd else 0.0 for name, upd, hot in rows}
 
 
 def _started(watch: Observer) -> bool:

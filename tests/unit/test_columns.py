@@ -80,11 +80,11 @@ def test_a_unit_goes_to_its_row_and_back_field_by_field() -> None:
 def test_every_postgresql_statement_is_short_enough_for_psycopg_to_parse_once() -> None:
     """psycopg keeps how it parsed a statement only up to a length: a longer one (the
     bulk transition was) is parsed again at every call, some 30 µs each. The one
-    longer statement, a batch's write, goes by the raw cursor, which parses nothing."""
+    longer statements, a batch's writes, go by the raw cursor, which parses nothing."""
     limit = psycopg_queries.MAX_CACHED_STATEMENT_LENGTH
     statements = queries.load("postgres", "pyformat")
     long = {name for name, text in statements.items() if len(text) > limit}
-    assert long == bulk.RAW == {"write_batch"}
+    assert long == bulk.RAW == {"write_batch", "apply_transitions"}
 
 
 def test_a_statement_numbered_for_the_raw_cursor_takes_each_name_once() -> None:

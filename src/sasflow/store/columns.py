@@ -59,6 +59,7 @@ TRANSITION = {
     "state": "text", "phase": "text", "cursor": "int", "locked_by": "text",
     "complete_by": "float8", "available_at": "float8", "failure_count": "int",
     "error": "text", "new_epoch": "bigint", "updated_at": "float8", "version": "text",
+    "ended_at": "float8",
     "task_id": "text", "epoch": "bigint", "from_state": "text", "owner": "text",
     "from_phase": "text", "from_cursor": "int", "from_version": "text",
     "expired_before": "float8", "lease": "text", "lease_holder": "text",

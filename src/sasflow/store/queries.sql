@@ -9,7 +9,9 @@ SELECT workflow, input FROM tasks WHERE task_id = :task_id
 SELECT {task_columns}{steps} FROM tasks WHERE task_id = :task_id
 
 -- name: select_expired
--- Served by the partial index tasks_locked: cost grows with what has expired.
+-- Served by the partial index tasks_locked, which holds locked tasks only: on SQLite
+-- keyed by complete-by, so the cost grows with what has expired; on PostgreSQL by
+-- workflow, so it grows with the tasks in flight (its 0010_rows_in_place.sql says why).
 SELECT {task_columns}{steps} FROM tasks
 WHERE locked_by IS NOT NULL AND complete_by < :now
 ORDER BY complete_by, task_id LIMIT :limit
@@ -22,7 +24,8 @@ WHERE CAST(:instance_id AS TEXT) IS NULL OR instance_id = CAST(:instance_id AS T
 ORDER BY started_at, instance_id
 
 -- name: next_expiry
--- MIN over the partial index tasks_locked: one index lookup
+-- MIN over the partial index tasks_locked: one index lookup on SQLite, a read of the
+-- tasks in flight on PostgreSQL (as select_expired)
 SELECT MIN(complete_by) AS due FROM tasks WHERE locked_by IS NOT NULL
 
 -- name: select_history
@@ -86,9 +89,9 @@ SELECT {delivery_read} FROM alert_deliveries WHERE alert_id = :alert_id ORDER BY
 -- name: count_ended
 -- The tasks that ended since :since, by minute and state: the dashboard's throughput,
 -- over the partial index tasks_ended.
-SELECT CAST((updated_at - :since) / 60 AS INTEGER) AS minute, state, COUNT(*) AS tasks
-FROM tasks WHERE {ended} AND updated_at >= :since
-GROUP BY CAST((updated_at - :since) / 60 AS INTEGER), state
+SELECT CAST((ended_at - :since) / 60 AS INTEGER) AS minute, state, COUNT(*) AS tasks
+FROM tasks WHERE {ended} AND ended_at >= :since
+GROUP BY CAST((ended_at - :since) / 60 AS INTEGER), state
 
 -- name: count_tasks
 -- By state, for the dashboard's header: a scan of the index tasks_state (PostgreSQL)

@@ -31,6 +31,7 @@ from sasflow.model import (
     Task,
     TaskState,
     can_move,
+    terminal,
 )
 from sasflow.store import columns
 from sasflow.store.records import Alert, Instance, NewTask, submitted
@@ -187,7 +188,8 @@ def check_legal(t: Transition) -> None:
 
 
 def task_values(t: Transition, now: float) -> Row:
-    """The parameters of the fenced task update: the new values, then the fence (task
+    """The parameters of the fenced task update: the new values (with when the task
+    ended, if it does: tasks_ended), then the fence (task
     id, epoch, state, owner, unit, version, expired-before, and the lease's name,
     holder and epoch, None when the writer holds no lease)."""
     lease = t.lease
@@ -197,7 +199,7 @@ def task_values(t: Transition, now: float) -> Row:
             "locked_by": t.locked_by, "complete_by": t.complete_by,
             "available_at": t.available_at, "failure_count": t.failure_count,
             "error": t.error, "new_epoch": t.new_epoch, "updated_at": now,
-            "version": t.version,
+            "version": t.version, "ended_at": now if terminal(t.state) else None,
             "task_id": t.task_id, "epoch": t.epoch, "from_state": t.from_state,
             "owner": t.owner, "from_phase": t.from_phase, "from_cursor": t.from_cursor,
             "from_version": t.from_version, "expired_before": t.expired_before,

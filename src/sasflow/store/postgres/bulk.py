@@ -71,10 +71,11 @@ Outcome = bool | Exception  # applied / created, or why a submission was refused
 _Q = queries.load("postgres", "pyformat")
 # the statements run with the raw cursor (queries.numbered): too long for psycopg to
 # keep how it parsed them
-RAW = frozenset({"write_batch"})
-_WRITE = queries.numbered(queries.load("postgres", "named")["write_batch"])
+RAW = frozenset({"write_batch", "apply_transitions"})
+_NUMBERED = {name: queries.numbered(queries.load("postgres", "named")[name]) for name in RAW}
 _APPLY = ("transitions", "steps", "history", "outbox", "alerts")
 _INSERT = ("tasks", "steps", "history", "outbox")
+_BOTH = ("transitions", "tasks", "steps", "history", "outbox", "alerts")
 _decode = msgspec.json.decode
 _NOTICE_BYTES = 7_900  # a NOTIFY payload must be shorter than 8,000 bytes
 _encode = msgspec.json.encode
@@ -213,14 +214,15 @@ async def _write(conn: psycopg.AsyncConnection[Any], rows: _Rows,
                  ) -> Mapping[str, Any]:
     """The batch's rows in its one statement: the transitions' (apply_transitions),
     the submissions' (insert_tasks), or both (write_batch); its answer."""
-    if transitions and submissions:
+    name, parameters = (("write_batch", _BOTH) if transitions and submissions
+                        else ("apply_transitions", _APPLY) if transitions
+                        else ("insert_tasks", _INSERT))
+    if name in RAW:
+        statement = _NUMBERED[name]
         async with psycopg.AsyncRawCursor(conn, row_factory=dict_row) as raw:
-            await raw.execute(_WRITE.text, _WRITE.values(rows.params(
-                "transitions", "tasks", "steps", "history", "outbox", "alerts")))
+            await raw.execute(statement.text, statement.values(rows.params(*parameters)))
             answer = await raw.fetchone()
     else:
-        name, parameters = ("apply_transitions", _APPLY) if transitions else (
-            "insert_tasks", _INSERT)
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(_Q[name], rows.params(*parameters))
             answer = await cur.fetchone()

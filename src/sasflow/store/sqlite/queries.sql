@@ -86,7 +86,7 @@ ON CONFLICT (task_id) DO NOTHING
 UPDATE tasks SET state = :state, phase = :phase, cursor = :cursor, locked_by = :locked_by,
                  complete_by = :complete_by, available_at = :available_at,
                  failure_count = :failure_count, error = :error, epoch = :new_epoch,
-                 updated_at = :updated_at, version = :version
+                 updated_at = :updated_at, version = :version, ended_at = :ended_at
 WHERE task_id = :task_id AND epoch = :epoch AND state = :from_state AND locked_by IS :owner
   AND phase = :from_phase AND cursor = :from_cursor AND version IS :from_version
   AND (:expired_before IS NULL OR complete_by < :expired_before)
