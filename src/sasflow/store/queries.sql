@@ -9,9 +9,10 @@ SELECT workflow, input FROM tasks WHERE task_id = :task_id
 SELECT {task_columns}{steps} FROM tasks WHERE task_id = :task_id
 
 -- name: select_expired
--- Served by the partial index tasks_locked, which holds locked tasks only: on SQLite
--- keyed by complete-by, so the cost grows with what has expired; on PostgreSQL by
--- workflow, so it grows with the tasks in flight (its 0010_rows_in_place.sql says why).
+-- Across all workflows (the supervisor asks by workflow: select_expired_of). Served
+-- on SQLite by the partial index tasks_locked, so the cost grows with what has
+-- expired; on PostgreSQL, which keeps only tasks_expiring (its 0010), by a read of
+-- that index's entries, one per task in flight.
 SELECT {task_columns}{steps} FROM tasks
 WHERE locked_by IS NOT NULL AND complete_by < :now
 ORDER BY complete_by, task_id LIMIT :limit
@@ -24,8 +25,8 @@ WHERE CAST(:instance_id AS TEXT) IS NULL OR instance_id = CAST(:instance_id AS T
 ORDER BY started_at, instance_id
 
 -- name: next_expiry
--- MIN over the partial index tasks_locked: one index lookup on SQLite, a read of the
--- tasks in flight on PostgreSQL (as select_expired)
+-- MIN over the partial index tasks_locked: one index lookup on SQLite; on PostgreSQL
+-- as select_expired
 SELECT MIN(complete_by) AS due FROM tasks WHERE locked_by IS NOT NULL
 
 -- name: select_history

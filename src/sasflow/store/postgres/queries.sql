@@ -51,12 +51,8 @@ SELECT task_id FROM tasks WHERE task_id = ANY(:task_ids) AND last_write = :token
 SELECT {task_columns}{steps} FROM tasks WHERE task_id = ANY(:task_ids)
 
 -- name: select_expired_of
--- The supervisor's, per workflow it knows (R4): each workflow's tasks in flight, read
--- through the partial index tasks_locked (it holds locked tasks only, by workflow),
--- the expired ones sorted earliest first; merged in the query. No index orders them by
--- complete-by: a step changes its task's complete-by, and an index over it would keep
--- every step's write from updating the row in place (0010_rows_in_place.sql). The
--- sweep reads each task in flight instead, as many as the schedulers run at once.
+-- The supervisor's, per workflow it knows (R4): ordered range scans of the partial
+-- index tasks_expiring, each workflow's earliest first; merged in the query.
 SELECT e.* FROM unnest(:workflows::text[]) AS w(name), LATERAL (
     SELECT {task_columns}{steps} FROM tasks
     WHERE workflow = w.name AND locked_by IS NOT NULL AND complete_by < :now
@@ -64,14 +60,13 @@ SELECT e.* FROM unnest(:workflows::text[]) AS w(name), LATERAL (
 ORDER BY e.complete_by, e.task_id LIMIT :limit
 
 -- name: next_expiry_of
--- (as select_expired_of: over each workflow's tasks in flight)
 SELECT MIN(e.due) AS due FROM unnest(:workflows::text[]) AS w(name), LATERAL (
     SELECT MIN(complete_by) AS due FROM tasks
     WHERE workflow = w.name AND locked_by IS NOT NULL) AS e
 
 -- name: select_orphaned
 -- Tasks still locked by an instance that is gone (as SQLite's select_orphaned, which
--- says why), with their steps; through tasks_locked, as select_expired_of.
+-- says why), with their steps.
 SELECT {task_columns}{steps} FROM tasks
 WHERE locked_by IS NOT NULL AND complete_by IS NOT NULL
   AND EXISTS (SELECT 1 FROM instances i WHERE i.instance_id = tasks.locked_by

@@ -1,0 +1,120 @@
+"""The supervisor's looks on PostgreSQL with many tasks in flight and none expired.
+
+Each (tree, size) in a fresh database (``bench_sweep_<pid>``, dropped after): the
+schema made by that tree's store, then, by SQL, ENDED processed tasks and IN_FLIGHT
+tasks locked by a live scheduler, their step's complete-by an hour ahead, then
+ANALYZE. Timed, each the median of --calls calls through the store:
+  expired      `store.expired(1000)`: the sweep that finds nothing;
+  next_expiry  `store.next_expiry()`: when the earliest complete-by falls due.
+A supervisor asks both about once an interval (1 s by default). --src as in
+pg_worker.py: ``--src ,/path/to/other/checkout`` measures this tree and that one,
+alternating.
+
+Usage: python bench/pg_sweep.py [--in-flight 1000,10000,100000] [--ended 100000]
+           [--calls 50] [--src DIR,DIR]
+Env: BENCH_PG_URL (admin connection, default postgresql://postgres@127.0.0.1:5432/postgres).
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import common as C
+import psycopg
+from distributed import PG_ADMIN, with_database
+
+
+def fill(url: str, ended: int, in_flight: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO tasks (task_id, workflow, input, state, cursor, available_at,"
+                     " created_at, updated_at, version)"
+                     " SELECT 'ended-' || g, 'wf3', 'null', 'processed', 2, 0, 0, 0, 'v'"
+                     " FROM generate_series(1, %s) g", (ended,))
+        conn.execute("INSERT INTO tasks (task_id, workflow, input, state, cursor, locked_by,"
+                     " complete_by, available_at, epoch, created_at, updated_at, version)"
+                     " SELECT 'busy-' || g, 'wf3', 'null', 'processing', 1, 'scheduler-1',"
+                     " extract(epoch FROM now()) + 3600 + g * 0.001, 0, 1, 0, 0, 'v'"
+                     " FROM generate_series(1, %s) g", (in_flight,))
+        conn.execute("INSERT INTO steps (task_id, phase, idx, name, agent, state,"
+                     " idempotency_key, updated_at)"
+                     " SELECT task_id, 'do', i, 'step' || (i + 1), 'bench-step', 'pending',"
+                     " task_id || '/' || i, 0 FROM tasks, generate_series(0, 2) i")
+        conn.execute("ANALYZE tasks, steps")
+
+
+async def timed(url: str, ended: int, in_flight: int, calls: int) -> dict[str, Any]:
+    from sasflow.store.postgres import PostgresStore
+    store = PostgresStore(url)
+    try:
+        assert await store.get("warm-up") is None  # the schema is made
+        fill(url, ended, in_flight)
+        found: dict[str, list[float]] = {"expired": [], "next_expiry": []}
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            assert await store.expired(1000) == []
+            t1 = time.perf_counter()
+            assert await store.next_expiry() is not None
+            t2 = time.perf_counter()
+            found["expired"].append(t1 - t0)
+            found["next_expiry"].append(t2 - t1)
+        return {f"{name}_ms": round(statistics.median(values) * 1e3, 3)
+                for name, values in found.items()}
+    finally:
+        await store.close()
+
+
+def measure(src: str, ended: int, in_flight: int, calls: int) -> dict[str, Any]:
+    db = f"bench_sweep_{os.getpid()}"
+    url = with_database(PG_ADMIN, db)
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{db}"')
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = os.path.join(src, "src")
+    try:
+        out = subprocess.run([sys.executable, __file__, "--role", "child", "--url", url,
+                              "--ended", str(ended), "--in-flight", str(in_flight),
+                              "--calls", str(calls)], env=env, cwd=C.HERE, check=True,
+                             capture_output=True, text=True, timeout=600).stdout
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--in-flight", default="1000,10000,100000")
+    ap.add_argument("--ended", type=int, default=100_000)
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--src", default="")
+    ap.add_argument("--role", default="main", choices=["main", "child"])
+    ap.add_argument("--url", default="")
+    args = ap.parse_args()
+    if args.role == "child":
+        print(json.dumps(asyncio.run(timed(args.url, args.ended, int(args.in_flight),
+                                           args.calls))))
+        return
+    runs: dict[str, Any] = {}
+    for in_flight in [int(n) for n in args.in_flight.split(",")]:
+        for src in args.src.split(","):
+            label = f"{in_flight}@{src or 'this'}"
+            runs[label] = measure(src, args.ended, in_flight, args.calls)
+            print(label, runs[label], file=sys.stderr)
+    print(json.dumps({"peer": "sasflow", "backend": "pg", "bench": "pg_sweep",
+                      "ended": args.ended, "calls": args.calls, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
