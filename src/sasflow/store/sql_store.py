@@ -161,7 +161,9 @@ class SQLStore(abc.ABC):
         if workflows is None:
             rows = await self._fetch("next_expiry", {})
         else:
-            rows = await self._fetch("next_expiry_of", {"workflows": list(workflows)})
+            # (`now`: PostgreSQL moves up the supervisor's bounds that have passed)
+            rows = await self._fetch("next_expiry_of", {"workflows": list(workflows),
+                                                        "now": self.now()})
         due = rows[0]["due"] if rows else None
         return None if due is None else float(due)
 

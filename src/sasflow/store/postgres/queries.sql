@@ -51,18 +51,37 @@ SELECT task_id FROM tasks WHERE task_id = ANY(:task_ids) AND last_write = :token
 SELECT {task_columns}{steps} FROM tasks WHERE task_id = ANY(:task_ids)
 
 -- name: select_expired_of
--- The supervisor's, per workflow it knows (R4): ordered range scans of the partial
--- index tasks_expiring, each workflow's earliest first; merged in the query.
+-- The supervisor's, per workflow it knows (R4): range scans of the partial index
+-- tasks_expiring up to `now` (sweep_at is never after complete_by: 0011_sweep_at.sql),
+-- each workflow's expired sorted earliest first; merged in the query.
 SELECT e.* FROM unnest(:workflows::text[]) AS w(name), LATERAL (
     SELECT {task_columns}{steps} FROM tasks
-    WHERE workflow = w.name AND locked_by IS NOT NULL AND complete_by < :now
+    WHERE workflow = w.name AND locked_by IS NOT NULL AND sweep_at < :now
+      AND complete_by < :now
     ORDER BY complete_by, task_id LIMIT :limit) AS e
 ORDER BY e.complete_by, e.task_id LIMIT :limit
 
 -- name: next_expiry_of
-SELECT MIN(e.due) AS due FROM unnest(:workflows::text[]) AS w(name), LATERAL (
-    SELECT MIN(complete_by) AS due FROM tasks
-    WHERE workflow = w.name AND locked_by IS NOT NULL) AS e
+-- The supervisor's alarm clock, per workflow it knows: the earliest complete-by of
+-- the tasks whose sweep_at has passed, or the first sweep_at still ahead (no later
+-- than its task's complete-by), whichever is earlier. And the bounds that passed
+-- without their task expiring are moved up to its complete-by (`advanced`), so
+-- that the sweep does not read them again; rows a writer holds are left for the
+-- next look (SKIP LOCKED), in task-id order as every writer locks them.
+WITH stale AS (
+    SELECT task_id FROM tasks
+    WHERE workflow = ANY(:workflows::text[]) AND locked_by IS NOT NULL
+      AND sweep_at < :now AND complete_by >= :now
+    ORDER BY task_id FOR UPDATE SKIP LOCKED),
+advanced AS (
+    UPDATE tasks t SET sweep_at = t.complete_by FROM stale WHERE t.task_id = stale.task_id)
+SELECT LEAST(MIN(e.passed), MIN(e.ahead)) AS due
+FROM unnest(:workflows::text[]) AS w(name), LATERAL (
+    SELECT (SELECT MIN(complete_by) FROM tasks
+            WHERE workflow = w.name AND locked_by IS NOT NULL AND sweep_at < :now) AS passed,
+           (SELECT MIN(sweep_at) FROM tasks
+            WHERE workflow = w.name AND locked_by IS NOT NULL AND sweep_at >= :now) AS ahead
+    ) AS e
 
 -- name: select_orphaned
 -- Tasks still locked by an instance that is gone (as SQLite's select_orphaned, which
@@ -150,8 +169,8 @@ wrote_outbox AS (
 -- The submitted tasks' rows; a task that existed already is left as it was (the
 -- caller learns why from its identity: bulk.py).
 created AS (
-    INSERT INTO tasks ({new_task_columns})
-    {tasks_rows}
+    INSERT INTO tasks ({new_task_columns}, sweep_at)
+    SELECT n.*, n.complete_by FROM ({tasks_rows}) n
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id, available_at, locked_by)
 
@@ -168,7 +187,10 @@ created AS (
 --   epoch, state, owner, unit (phase, cursor) and version as when read, and
 --   (supervisor) a complete-by that has passed and the lease still held with its
 --   epoch; a task not in it is left exactly as it was. With each, when the task
---   becomes claimable if it released it (`wake`), and whether it ended it.
+--   becomes claimable if it released it (`wake`), and whether it ended it. The
+--   task's `sweep_at`, the supervisor's bound, is kept while its owner does and it
+--   is not after the new complete-by: a step then changes no indexed column, and
+--   the row is rewritten in place (0011_sweep_at.sql).
 v AS ({transitions_rows}),
 locked AS (SELECT task_id FROM tasks WHERE task_id = ANY(ARRAY(SELECT task_id FROM v))
            ORDER BY task_id FOR UPDATE),
@@ -177,7 +199,10 @@ applied AS (
            locked_by = v.locked_by, complete_by = v.complete_by,
            available_at = v.available_at, failure_count = v.failure_count, error = v.error,
            epoch = v.new_epoch, updated_at = v.updated_at, last_write = v.token,
-           version = v.version, ended_at = v.ended_at
+           version = v.version, ended_at = v.ended_at, sweep_at = CASE
+               WHEN v.locked_by IS NULL THEN NULL
+               WHEN t.locked_by = v.locked_by AND t.sweep_at <= v.complete_by THEN t.sweep_at
+               ELSE v.complete_by END
     FROM v JOIN locked USING (task_id)
     WHERE t.task_id = v.task_id AND t.epoch = v.epoch AND t.state = v.from_state
       AND t.locked_by IS NOT DISTINCT FROM v.owner
