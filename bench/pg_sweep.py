@@ -51,6 +51,10 @@ def fill(url: str, ended: int, in_flight: int) -> None:
                      " idempotency_key, updated_at)"
                      " SELECT task_id, 'do', i, 'step' || (i + 1), 'bench-step', 'pending',"
                      " task_id || '/' || i, 0 FROM tasks, generate_series(0, 2) i")
+        if conn.execute("SELECT 1 FROM information_schema.columns WHERE table_name = 'tasks'"
+                        " AND column_name = 'sweep_at'").fetchone():
+            # (the schema 11 supervisor's bound: the claim sets it to the complete-by)
+            conn.execute("UPDATE tasks SET sweep_at = complete_by WHERE locked_by IS NOT NULL")
         conn.execute("ANALYZE tasks, steps")
 
 
@@ -89,7 +93,7 @@ def measure(src: str, ended: int, in_flight: int, calls: int) -> dict[str, Any]:
         out = subprocess.run([sys.executable, __file__, "--role", "child", "--url", url,
                               "--ended", str(ended), "--in-flight", str(in_flight),
                               "--calls", str(calls)], env=env, cwd=C.HERE, check=True,
-                             capture_output=True, text=True, timeout=600).stdout
+                             stdout=subprocess.PIPE, text=True, timeout=600).stdout
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
