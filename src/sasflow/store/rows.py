@@ -189,9 +189,9 @@ def check_legal(t: Transition) -> None:
 
 def task_values(t: Transition, now: float) -> Row:
     """The parameters of the fenced task update: the new values (with when the task
-    ended, if it does: tasks_ended), then the fence (task
-    id, epoch, state, owner, unit, version, expired-before, and the lease's name,
-    holder and epoch, None when the writer holds no lease)."""
+    ended, if it does: tasks_ended), then the fence (task id, epoch, state, owner,
+    unit, version, expired-before, and the lease's name, holder and epoch, None when
+    the writer holds no lease)."""
     lease = t.lease
     now = written_at(t, now)
     # (the states and phases are str enums: each is its value already)
