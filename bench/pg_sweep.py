@@ -1,6 +1,6 @@
 """The supervisor's looks on PostgreSQL with many tasks in flight and none expired.
 
-Each (tree, size) in a fresh database (``bench_sweep_<pid>``, dropped after): the
+Each (tree, size) in a fresh database (``bench_<pid>_<n>``, dropped after): the
 schema made by that tree's store, then, by SQL, ENDED processed tasks and IN_FLIGHT
 tasks locked by a live scheduler, their step's complete-by an hour ahead, then
 ANALYZE. Timed, each the median of --calls calls through the store:
@@ -33,7 +33,7 @@ from typing import Any
 
 import common as C
 import psycopg
-from distributed import PG_ADMIN, with_database
+from distributed import Deployment
 
 
 def fill(url: str, ended: int, in_flight: int) -> None:
@@ -81,22 +81,15 @@ async def timed(url: str, ended: int, in_flight: int, calls: int) -> dict[str, A
 
 
 def measure(src: str, ended: int, in_flight: int, calls: int) -> dict[str, Any]:
-    db = f"bench_sweep_{os.getpid()}"
-    url = with_database(PG_ADMIN, db)
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{db}"')
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = os.path.join(src, "src")
-    try:
-        out = subprocess.run([sys.executable, __file__, "--role", "child", "--url", url,
-                              "--ended", str(ended), "--in-flight", str(in_flight),
-                              "--calls", str(calls)], env=env, cwd=C.HERE, check=True,
-                             stdout=subprocess.PIPE, text=True, timeout=600).stdout
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    with Deployment("memory") as d:  # (its private database, dropped after)
+        out = subprocess.run([sys.executable, __file__, "--role", "child",
+                              "--url", d.store_url, "--ended", str(ended),
+                              "--in-flight", str(in_flight), "--calls", str(calls)],
+                             env=env, cwd=C.HERE, check=True, stdout=subprocess.PIPE,
+                             text=True, timeout=600).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
