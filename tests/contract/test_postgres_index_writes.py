@@ -14,8 +14,9 @@ The first test derives the columns a step changes from a real step's write (the 
 read before and after it) and checks them against every index's key columns,
 expressions and predicate, as the server's catalogue holds them. The second reads
 the server's own count of the updates it made in place over task lives. The last
-two show the supervisor's bound at work: moved up once it has passed without its
-task expiring, and never hiding a task that has.
+three show the supervisor's bound at work: moved up once it has passed without its
+task expiring, never hiding a task that has, and given to a task an older release
+claimed without one.
 """
 
 from __future__ import annotations
@@ -144,5 +145,29 @@ async def test_a_task_whose_bound_was_left_behind_is_found_once_it_expires(
         clock.now = task.complete_by + 0.5  # expired, its bound never moved up
         assert [t.task_id for t in await store.expired(10, ["order"])] == ["t-1"]
         assert await store.next_expiry(["order"]) == task.complete_by
+    finally:
+        await store.close()
+
+
+async def test_a_task_claimed_by_an_older_release_is_watched_all_the_same(
+        postgres_url: str) -> None:
+    """While the workers roll after `sasflow db upgrade`, a scheduler of the release
+    before 0011 writes no bound: the supervisor reads such a task as one whose bound
+    has passed, gives it one at its next look, and finds it once it expires."""
+    clock = FakeClock()
+    store = PostgresStore(postgres_url, clock=clock)
+    try:
+        assert await store.submit(new_task("t-1"))
+        [task] = await store.claim(OWNER, 1, PLANS)
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute("UPDATE tasks SET sweep_at = NULL")  # as the older claim left it
+        assert task.complete_by is not None
+        assert await store.next_expiry(["order"]) == task.complete_by
+        assert task_row(postgres_url, "t-1")["sweep_at"] == task.complete_by  # given one
+
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute("UPDATE tasks SET sweep_at = NULL")
+        clock.now = task.complete_by + 0.5
+        assert [t.task_id for t in await store.expired(10, ["order"])] == ["t-1"]
     finally:
         await store.close()
