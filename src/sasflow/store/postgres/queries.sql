@@ -50,15 +50,20 @@ SELECT task_id FROM tasks WHERE task_id = ANY(:task_ids) AND last_write = :token
 -- name: select_tasks
 SELECT {task_columns}{steps} FROM tasks WHERE task_id = ANY(:task_ids)
 
+-- fragment: bound_passed
+-- A locked task the supervisor must look at: its bound (sweep_at, never after its
+-- complete-by) has passed, or it has none (claimed by a release older than 0011
+-- while the workers roll).
+(sweep_at < :now OR sweep_at IS NULL)
+
 -- name: select_expired_of
 -- The supervisor's, per workflow it knows (R4): range scans of the partial index
 -- tasks_expiring up to `now` (sweep_at is never after complete_by: 0011_sweep_at.sql),
--- each workflow's expired sorted earliest first; merged in the query. A task with no
--- bound (claimed by a release older than 0011 while the workers roll) is read too.
+-- each workflow's expired sorted earliest first; merged in the query.
 SELECT e.* FROM unnest(:workflows::text[]) AS w(name), LATERAL (
     SELECT {task_columns}{steps} FROM tasks
     WHERE workflow = w.name AND locked_by IS NOT NULL
-      AND (sweep_at < :now OR sweep_at IS NULL) AND complete_by < :now
+      AND {bound_passed} AND complete_by < :now
     ORDER BY complete_by, task_id LIMIT :limit) AS e
 ORDER BY e.complete_by, e.task_id LIMIT :limit
 
@@ -68,12 +73,11 @@ ORDER BY e.complete_by, e.task_id LIMIT :limit
 -- than its task's complete-by), whichever is earlier. And the bounds that passed
 -- without their task expiring are moved up to its complete-by (`advanced`), so
 -- that the sweep does not read them again; rows a writer holds are left for the
--- next look (SKIP LOCKED), in task-id order as every writer locks them. A task with
--- no bound (as select_expired_of) counts as one that passed, and gets one.
+-- next look (SKIP LOCKED), in task-id order as every writer locks them.
 WITH stale AS (
     SELECT task_id FROM tasks
     WHERE workflow = ANY(:workflows::text[]) AND locked_by IS NOT NULL
-      AND (sweep_at < :now OR sweep_at IS NULL) AND complete_by >= :now
+      AND {bound_passed} AND complete_by >= :now
     ORDER BY task_id FOR UPDATE SKIP LOCKED),
 advanced AS (
     UPDATE tasks t SET sweep_at = t.complete_by FROM stale WHERE t.task_id = stale.task_id)
@@ -81,7 +85,7 @@ SELECT LEAST(MIN(e.passed), MIN(e.ahead)) AS due
 FROM unnest(:workflows::text[]) AS w(name), LATERAL (
     SELECT (SELECT MIN(complete_by) FROM tasks
             WHERE workflow = w.name AND locked_by IS NOT NULL
-              AND (sweep_at < :now OR sweep_at IS NULL)) AS passed,
+              AND {bound_passed}) AS passed,
            (SELECT MIN(sweep_at) FROM tasks
             WHERE workflow = w.name AND locked_by IS NOT NULL AND sweep_at >= :now) AS ahead
     ) AS e
