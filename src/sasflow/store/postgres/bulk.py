@@ -90,20 +90,28 @@ _IN_ORDER = {parameter: operator.itemgetter(*names) for parameter, names in colu
 
 
 class _Rows:
-    """The rows of a batch, by bulk parameter (columns.BULK), in column order."""
+    """The rows of a batch, by bulk parameter (columns.BULK), in column order, each
+    encoded as it is added.
+
+    A batch makes thousands of rows. Kept as tuples until the batch was encoded,
+    they outlived several of the garbage collector's young collections, each of
+    which walked them and handed them on to the older generations, where they
+    brought on full collections; a row's bytes are nothing it walks
+    (docs/benchmarks.md, rows encoded as they are made).
+    """
 
     def __init__(self) -> None:
-        self.rows: dict[str, list[tuple[Any, ...]]] = {name: [] for name in columns.BULK}
+        self.rows: dict[str, list[bytes]] = {name: [] for name in columns.BULK}
 
     def add(self, parameter: str, row: Mapping[str, Any]) -> None:
-        self.rows[parameter].append(_IN_ORDER[parameter](row))
+        self.rows[parameter].append(_encode(_IN_ORDER[parameter](row)))
 
     def add_implied(self, implied: Sequence[tuple[Table, Row]]) -> None:
         for table, row in implied:
             self.add(_PARAMETER[table], row)
 
     def params(self, *names: str) -> dict[str, str]:
-        return {name: _encode(self.rows[name]).decode() for name in names}
+        return {name: (b"[%b]" % b",".join(self.rows[name])).decode() for name in names}
 
 
 def needs_transaction(batch: Sequence[Write]) -> bool:
