@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from sasflow import tracing
+from sasflow.deadlines import Deadlines
 from sasflow.errors import PayloadError, StoreError
 from sasflow.handover import NO_HANDOVER, NO_WAITERS, Waiters
 from sasflow.logs import log_context, log_step
@@ -151,6 +152,7 @@ class Scheduler:
             self.reply_queue, ImmediateHandler(self._on_reply), prefetch=max(64, self.concurrency)))
         watcher = asyncio.create_task(self.store.watch(self.wake_at))
         self._loop = asyncio.get_running_loop()
+        self._deadlines = Deadlines(self._loop)  # the drivers' waits for replies
         self._running = True
         try:
             await self._claim_loop(watcher)
@@ -336,9 +338,8 @@ class Scheduler:
         """Send a unit's request; its reply, or None once its complete-by passed."""
         future: asyncio.Future[Reply | None] = loop.create_future()
         self._waiting[request.task_id] = (request.epoch, request.step, request.phase, future)
-        # a plain timer, not asyncio.timeout(): this runs once per step
-        delay = max(0.0, request.complete_by - self.store.now())
-        timer = loop.call_later(delay, _give_up, future)
+        # ended with None once its complete-by passed, with no timer of its own (deadlines.py)
+        deadline = self._deadlines.add(request.complete_by - self.store.now(), future)
         sent: asyncio.Future[None] | None = None
         try:
             if failpoints.ARMED: await failpoints.hit("scheduler.before_publish")  # noqa: E701
@@ -349,7 +350,7 @@ class Scheduler:
                 sent.add_done_callback(functools.partial(_unless_replied, future))
             return await future
         finally:
-            timer.cancel()
+            self._deadlines.discard(deadline, future)
             self._waiting.pop(request.task_id, None)
             if sent is not None and future.cancelled():
                 sent.cancel()  # the driver stops: a request still waiting is not sent
@@ -392,9 +393,3 @@ def _unless_replied(future: asyncio.Future[Reply | None], sent: asyncio.Future[N
     error = None if sent.cancelled() else sent.exception()  # (read: never reported lost)
     if error is not None and not future.done():
         future.set_exception(error)
-
-
-def _give_up(future: asyncio.Future[Reply | None]) -> None:
-    """The unit's complete-by passed without a reply."""
-    if not future.done():
-        future.set_result(None)
