@@ -17,9 +17,10 @@ machine's (/proc/stat busy time, every process: PostgreSQL's too, and on a share
 machine whatever else runs) and the run's own (the roles' process and the server
 backends connected to the run's database, /proc/PID/stat, looked at every 50 ms
 so that a connection closed during the run still counts). Rounds alternate the
-modes and the --src trees (``--src ,/path/to/other/checkout`` runs this tree's
-sasflow and that one's: the figure before a change), so a busy machine hurts each
-alike; medians per (mode, src).
+modes and the --src trees, each tree first in turn (``--src ,/path/to/other/checkout``
+runs this tree's sasflow and that one's: the figure before a change), so a busy
+machine hurts each alike; medians per (mode, src), and each tree's median ratio to
+the first tree's run of the same round (``paired``).
 
 Usage: python bench/pg_worker.py [--n 5000] [--rounds 3] [--modes worker,inprocess]
            [--src DIR,DIR] [--pgbench-seconds 10] [--worker-args "--concurrency 64"]
@@ -233,13 +234,14 @@ def main() -> None:
     modes = a.modes.split(",")
     runs: dict[str, list[dict[str, Any]]] = {}
     pgbench: list[float] = []
-    for _ in range(a.rounds):
+    for r in range(a.rounds):
         if a.pgbench_seconds > 0:
             tps = pgbench_c8(a.pgbench_seconds)
             if tps is not None:
                 pgbench.append(tps)
         for mode in modes:
-            for src in srcs:
+            # each tree first in turn: none always follows pgbench, or goes last
+            for src in srcs[r % len(srcs):] + srcs[:r % len(srcs)]:
                 key = f"{mode}@{src or 'this'}"
                 runs.setdefault(key, []).append(
                     measure(mode, src, a.n, shlex.split(a.worker_args)))
@@ -249,8 +251,12 @@ def main() -> None:
     if pgbench:
         out["pgbench_c8_tps_median"] = statistics.median(pgbench)
         out["pgbench_c8_tps"] = pgbench
+    first = f"{modes[0]}@{srcs[0] or 'this'}"
     for key, results in runs.items():
         good = [r for r in results if "error" not in r]
+        pairs = [r["machine_cpu_us_per_step"] / f["machine_cpu_us_per_step"]
+                 for r, f in zip(results, runs[first], strict=True)
+                 if "error" not in r and "error" not in f]
         if good:
             rate = statistics.median(r["steps_per_s"] for r in good)
             out[key] = {"steps_per_s_median": rate,
@@ -258,6 +264,8 @@ def main() -> None:
                             r["machine_cpu_us_per_step"] for r in good),
                         "own_cpu_us_per_step_median": statistics.median(
                             r["own_cpu_us_per_step"] for r in good),
+                        "paired_machine_cpu_ratio_median": round(statistics.median(pairs), 3)
+                        if pairs else None,
                         "of_pgbench_c8": round(rate / statistics.median(pgbench), 3)
                         if pgbench else None}
     C.emit(out)
