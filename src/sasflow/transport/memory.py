@@ -135,7 +135,7 @@ class MemoryTransport:
                 put_back_later(message)
 
         def start(work: Coroutine[Any, Any, None]) -> None:
-            task = asyncio.ensure_future(work)
+            task = loop.create_task(work)
             running.add(task)
             task.add_done_callback(running.discard)
 
