@@ -710,6 +710,18 @@ def test_a_step_list_shrunk_under_a_task_in_flight_is_refused_not_indexed() -> N
     assert task.to_json() == before  # nothing of the snapshot moved
 
 
+def test_a_task_whose_version_column_disagrees_with_its_steps_is_refused() -> None:
+    """The version a task row names is not taken on trust: a row that names this
+    declaration's version over another step list (a claim selects by the column) is
+    refused by its steps, and never run under a shape it was not planned for (R4)."""
+    plan = make_plan()
+    task = new_task(plan)
+    task.version = plan.workflow.version  # as a claim read it: selected by this column
+    task.steps = task.steps[:2]  # and its later steps gone
+    with pytest.raises(InvalidTransitionError, match="migrate"):
+        plan.claim(task, "s1", NOW)
+
+
 def test_expiry_and_cancel_of_another_version_read_only_the_tasks_own_steps() -> None:
     """A supervisor of any release may count an expiry: it releases the task at its own
     step for schedulers of its own version; an operator may cancel it."""

@@ -49,8 +49,6 @@ class Drafting:
 
     def _same_shape(self, task: Task, action: str) -> None:
         """Refuse to plan a task under a declaration whose step list is not the task's."""
-        if task.version == self.version and task.workflow == self.workflow.name:
-            return  # the version names the shape (workflow.py): a claim took it by it
         steps = self.workflow.steps
         if task.workflow == self.workflow.name and len(task.steps) == len(steps) and all(
                 r.name == s.name and r.agent == s.agent
