@@ -28,7 +28,12 @@ its threads); off's over the mode's is the throughput ratio a CPU-bound process
 would see: a second reading of the same cost. The load average before each
 measurement is kept: on a shared machine it says how noisy the sitting was.
 
-Usage: python bench/observability.py [--rounds 5] [--n 2000]
+--together runs a round's modes at the same time, each in its child, instead of one
+after the other: whatever slows the machine then slows every mode at once, and
+the paired CPU ratio (off's CPU a step over the mode's, within the round) is the
+figure to read; the rates share the machine and are not each a row's own.
+
+Usage: python bench/observability.py [--rounds 5] [--n 2000] [--together]
            [--styles sequential,concurrent,presubmitted] [--variants noop,sleep10ms]
            [--modes off,metrics,tracing,both] [--sample 1.0] [--gc-freeze] [--preload]
            (--modes also takes both-untraced, both-untimed, both-detached)
@@ -50,6 +55,7 @@ import random
 import statistics
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import common as C
@@ -178,6 +184,8 @@ def main() -> None:
                          " `sasflow worker` does), before its roles start")
     ap.add_argument("--preload", action="store_true",
                     help="every mode imports both libraries first (see above)")
+    ap.add_argument("--together", action="store_true",
+                    help="a round's modes run at the same time (see above)")
     ap.add_argument("--budget-s", type=float, default=3000.0, help="bound for the whole run")
     ap.add_argument("--child-timeout-s", type=float, default=240.0,
                     help="bound for one measurement")
@@ -206,22 +214,38 @@ def main() -> None:
         for style, variant in rows:
             key = throughput.key_for("normal", style, variant)
             shift = round_no % len(modes)
-            for mode in modes[shift:] + modes[:shift]:
-                left = deadline.left()
-                if left < 15:
-                    break
-                load = os.getloadavg()[0]
-                result = C.run_child("observability.py", [
+            order = modes[shift:] + modes[:shift]
+            left = deadline.left()
+            if left < 15:
+                break
+
+            def one(mode: str, left: float = left, style: str = style,
+                    variant: str = variant) -> dict[str, Any]:
+                return C.run_child("observability.py", [
                     "--role", "one", "--mode", mode, "--n", str(a.n), "--style", style,
                     "--sleep", str(throughput.VARIANTS[variant]),
                     "--concurrency", str(a.concurrency), "--sample", str(a.sample),
                     *(["--gc-freeze"] if a.gc_freeze else []),
                     *(["--preload"] if a.preload else [])],
                     timeout=min(left - 5, a.child_timeout_s))
-                result.update(round=round_no, load1=round(load, 2))
+
+            load = os.getloadavg()[0]
+            if a.together:
+                with ThreadPoolExecutor(len(order)) as pool:
+                    results = list(pool.map(one, order))
+            else:
+                results = []
+                for mode in order:
+                    load = os.getloadavg()[0] if results else load
+                    results.append(one(mode, deadline.left()))
+                    results[-1]["load1"] = round(load, 2)
+            for mode, result in zip(order, results, strict=True):
+                result.update(round=round_no)
+                result.setdefault("load1", round(load, 2))
                 runs.setdefault(key, {}).setdefault(mode, []).append(result)
-                print(f"round {round_no} {key} {mode}: {result.get('steps_per_s')} steps/s"
-                      f" (load {load:.2f})", file=sys.stderr, flush=True)
+                print(f"round {round_no} {key} {mode}: {result.get('steps_per_s')} steps/s,"
+                      f" {result.get('cpu_us_per_step')} µs a step (load {load:.2f})",
+                      file=sys.stderr, flush=True)
     C.emit(summary(runs, a, note))
 
 
