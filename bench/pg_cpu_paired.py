@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import common as C
@@ -99,6 +100,20 @@ class Tree:
             raise SystemExit(f"{self.label}: its roles exited (rc={self.proc.returncode})")
 
 
+def wait_until(trees: list[Tree], done: Callable[[], bool], end: float, what: str, *,
+               looking: bool = False) -> None:
+    """Until `done()`, every LOOK_S; a tree whose roles exited, or `end` passed, ends the
+    bench with `what`."""
+    while not done():
+        for tree in trees:
+            tree.check()
+            if looking:
+                tree.look()
+        if time.monotonic() > end:
+            raise SystemExit(what)
+        time.sleep(LOOK_S)
+
+
 def one_round(srcs: list[str | None], n: int, first: int) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         trees = [Tree(src, stack.enter_context(Deployment("memory"))) for src in srcs]
@@ -108,21 +123,13 @@ def one_round(srcs: list[str | None], n: int, first: int) -> dict[str, Any]:
             tree.start()
         try:
             end = time.monotonic() + STUCK_S
-            while not all(tree.steps_done() > 0 for tree in trees):
-                for tree in trees:
-                    tree.check()
-                if time.monotonic() > end:
-                    raise SystemExit("no step completed")
-                time.sleep(LOOK_S)
+            wait_until(trees, lambda: all(tree.steps_done() > 0 for tree in trees), end,
+                       "no step completed")
             cpu0 = [tree.look() for tree in trees]
             steps0 = [tree.steps_done() for tree in trees]
-            while not any(tree.ended(n) for tree in trees):
-                for tree in trees:
-                    tree.check()
-                    tree.look()
-                if time.monotonic() > end:
-                    raise SystemExit("no tree ended")
-                time.sleep(LOOK_S)
+            # each look keeps the CPU of a backend that closes before the window ends
+            wait_until(trees, lambda: any(tree.ended(n) for tree in trees), end,
+                       "no tree ended", looking=True)
             cpu1 = [tree.look() for tree in trees]
             steps1 = [tree.steps_done() for tree in trees]
         finally:
