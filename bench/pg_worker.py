@@ -14,13 +14,16 @@ starts when the first task leaves `pending` (the worker's start-up is not
 throughput) and stops when the store holds all N terminal, polled every 10 ms on
 a connection of its own. CPU per completed step, over the same span: the
 machine's (/proc/stat busy time, every process: PostgreSQL's too, and on a shared
-machine whatever else runs) and the run's own (the roles' process and the server
+machine whatever else runs), that less the bench's own looking (this process and
+its observer's backend, whose count of ended tasks every 10 ms costs more the
+longer a run takes: ``bench_cpu_us_per_step``), and the run's own (the roles' process and the server
 backends connected to the run's database, /proc/PID/stat, looked at every 50 ms
 so that a connection closed during the run still counts). Rounds alternate the
 modes and the --src trees, each tree first in turn (``--src ,/path/to/other/checkout``
 runs this tree's sasflow and that one's: the figure before a change), so a busy
 machine hurts each alike; medians per (mode, src), and each tree's median ratio to
-the first tree's run of the same round (``paired``).
+the first tree's run of the same round (``paired``, of the machine's CPU less the
+bench's).
 
 Usage: python bench/pg_worker.py [--n 5000] [--rounds 3] [--modes worker,inprocess]
            [--src DIR,DIR] [--pgbench-seconds 10] [--worker-args "--concurrency 64"]
@@ -124,6 +127,10 @@ def measure(mode: str, src: str | None, n: int, worker_args: list[str]) -> dict[
                     return {"error": f"no task started (rc={proc.poll()}, log {log})"}
                 time.sleep(POLL_S)
             t0, busy0 = time.perf_counter(), machine_busy()
+            # the bench's own looking (this process, and its observer's backend, whose
+            # count of ended tasks every POLL_S grows with the table) is no step's cost
+            observer = watch.conn.info.backend_pid
+            looking0 = time.process_time() + process_cpu(observer)
             wal0 = wal_lsn(watch)
             own0 = own_cpu(watch, d.db, proc.pid)
             own1, polls = dict(own0), 0
@@ -135,6 +142,7 @@ def measure(mode: str, src: str | None, n: int, worker_args: list[str]) -> dict[
                     merge_cpu(own1, own_cpu(watch, d.db, proc.pid))
                 time.sleep(POLL_S)
             elapsed, busy = time.perf_counter() - t0, machine_busy() - busy0
+            looking = time.process_time() + process_cpu(observer) - looking0
             wal = wal_lsn(watch) - wal0
             merge_cpu(own1, own_cpu(watch, d.db, proc.pid))
             proc.terminate()  # its backends report their counts as they exit
@@ -146,6 +154,8 @@ def measure(mode: str, src: str | None, n: int, worker_args: list[str]) -> dict[
     roles = own1[proc.pid] - own0[proc.pid]
     return {"steps_per_s": round(3 * n / elapsed, 1), "elapsed_s": round(elapsed, 3),
             "machine_cpu_us_per_step": round(busy / (3 * n) * 1e6, 1),
+            "bench_cpu_us_per_step": round(looking / (3 * n) * 1e6, 1),
+            "machine_less_bench_cpu_us_per_step": round((busy - looking) / (3 * n) * 1e6, 1),
             "own_cpu_us_per_step": round(own / (3 * n) * 1e6, 1),
             "roles_cpu_us_per_step": round(roles / (3 * n) * 1e6, 1),
             "wal_bytes_per_step": round(wal / (3 * n)), **hot,
@@ -254,12 +264,15 @@ def main() -> None:
     first = f"{modes[0]}@{srcs[0] or 'this'}"
     for key, results in runs.items():
         good = [r for r in results if "error" not in r]
-        pairs = [r["machine_cpu_us_per_step"] / f["machine_cpu_us_per_step"]
+        pairs = [r["machine_less_bench_cpu_us_per_step"]
+                 / f["machine_less_bench_cpu_us_per_step"]
                  for r, f in zip(results, runs[first], strict=True)
                  if "error" not in r and "error" not in f]
         if good:
             rate = statistics.median(r["steps_per_s"] for r in good)
             out[key] = {"steps_per_s_median": rate,
+                        "machine_less_bench_cpu_us_per_step_median": statistics.median(
+                            r["machine_less_bench_cpu_us_per_step"] for r in good),
                         "machine_cpu_us_per_step_median": statistics.median(
                             r["machine_cpu_us_per_step"] for r in good),
                         "own_cpu_us_per_step_median": statistics.median(
