@@ -26,7 +26,7 @@ re-plans a task onto this declaration when that is provably safe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sasflow.plan.draft import task_version
 from sasflow.plan.forward import Forward
@@ -52,9 +52,8 @@ class Plan(Forward, Migration):
 
     workflow: Workflow
     compensable: frozenset[str]  # agents that declared a compensator
-    # the workflow's version, hashed once: every claim and reply compares a task's with it
-    version: str = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        # (the workflow version it decides for: the only one its claims take, R4)
-        object.__setattr__(self, "version", self.workflow.version)
+    @property
+    def version(self) -> str:
+        """The workflow version it decides for: the only one its claims take (R4)."""
+        return self.workflow.version

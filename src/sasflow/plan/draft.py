@@ -38,7 +38,6 @@ class Drafting:
 
     workflow: Workflow
     compensable: frozenset[str]  # agents that declared a compensator
-    version: str  # the workflow's
 
     def _shape(self) -> list[tuple[str, str]]:
         return [(s.name, s.agent) for s in self.workflow.steps]
