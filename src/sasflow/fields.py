@@ -90,16 +90,20 @@ def as_row(source: type[msgspec.Struct], columns: Iterable[str], **given: str
                     "{" + ", ".join(items) + "}", {"encode": _encode})
 
 
-def from_row(target: type[msgspec.Struct], columns: Iterable[str]) -> Callable[..., Any]:
-    """`record(row)`: a `target` from a row read by name, its fields that are columns."""
+def from_row(target: type[msgspec.Struct], columns: Iterable[str], *,
+             by_position: bool = False) -> Callable[..., Any]:
+    """`record(row)`: a `target` from a row read by name, its fields that are columns;
+    with `by_position`, from a row whose values come in the order of `columns` (a
+    tuple, a JSON array), each read at the position its column's name has there."""
+    position = {column: i for i, column in enumerate(columns)}
     kinds = _kinds(target)
     types = {field.name: field.type for field in _fields(target)}
     names: dict[str, Any] = {"Target": target, "decode": _decode}
     items = []
     for field in kinds:
-        if field not in columns:
+        if field not in position:
             continue
-        value = f"row[{field!r}]"
+        value = f"row[{position[field] if by_position else repr(field)}]"
         if kinds[field] in ("enum", "str enum"):
             kind = types[field]
             names[f"{field}_enum"] = _enum_of(kind)
@@ -109,8 +113,8 @@ def from_row(target: type[msgspec.Struct], columns: Iterable[str]) -> Callable[.
         elif kinds[field] == "json":
             value = f"None if {value} is None else decode({value})"
         items.append(f"{field}={value}")
-    return _compile(f"{target.__name__}_from_row", "row", f"Target({', '.join(items)})",
-                    names)
+    return _compile(f"{target.__name__}_from_{'values' if by_position else 'row'}", "row",
+                    f"Target({', '.join(items)})", names)
 
 
 def _enum_of(kind: Any) -> type[enum.Enum]:

@@ -64,12 +64,13 @@ def test_a_unit_goes_to_its_record_and_back_field_by_field() -> None:
 
 
 def test_a_unit_goes_to_its_row_and_back_field_by_field() -> None:
-    """Rows are made and read by column name, whatever the columns are."""
+    """Rows are made by column name and read at their columns' places in columns.STEP
+    (as the stores select them), whatever the columns are."""
     unit = distinct_unit()
     row = unit_row("t-1", unit, now=99.0)
     assert set(row) == set(columns.STEP)
     task = Task(task_id="t-1", workflow="w", input=None, state=TaskState.PENDING)
-    attach_steps({"t-1": task}, [row])
+    attach_steps({"t-1": task}, [tuple(row[name] for name in columns.STEP)])
     expected = StepRecord(name="reserve", agent="inventory", state=StepState.FAILED,
                           attempts=3, failure_count=2, complete_by=1234.5,
                           idempotency_key="key-1", result={"n": 1}, error="boom",

@@ -15,7 +15,7 @@ as they are.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -67,23 +67,28 @@ def task_from_row(row: Mapping[str, Any]) -> Task:
                 updated_at=row["updated_at"], version=row["version"])
 
 
-# a unit's record from its row, and its row from a transition's unit (fields.py)
-_STEP_OF = from_row(StepRecord, columns.STEP)
-_UNDO_OF = from_row(CompensationRecord, columns.STEP)
+# a unit's record from its row, and its row from a transition's unit (fields.py). A
+# unit row is read at its columns' places in columns.STEP, compiled from their names:
+# a claim reads back every step of the tasks it takes, and a dict a row cost three
+# times the reading (docs/benchmarks.md)
+_STEP_OF = from_row(StepRecord, columns.STEP, by_position=True)
+_UNDO_OF = from_row(CompensationRecord, columns.STEP, by_position=True)
+_TASK_ID, _PHASE, _IDX = (list(columns.STEP).index(name) for name in ("task_id", "phase", "idx"))
 _UNIT_ROW = as_row(UnitChange, columns.STEP, task_id="task_id", idx="index",
                    updated_at="now")
 
 
-def attach_steps(tasks: dict[str, Task], step_rows: Iterable[Mapping[str, Any]]) -> None:
-    """Fill in each task's steps, and their compensations, from its unit rows."""
-    undo: list[Mapping[str, Any]] = []
+def attach_steps(tasks: dict[str, Task], step_rows: Iterable[Sequence[Any]]) -> None:
+    """Fill in each task's steps, and their compensations, from its unit rows, each
+    with the values of columns.STEP in that order (a tuple, an sqlite3.Row)."""
+    undo: list[Sequence[Any]] = []
     for row in step_rows:
-        if row["phase"] == Phase.UNDO.value:  # after every step of its task is in place
+        if row[_PHASE] == Phase.UNDO.value:  # after every step of its task is in place
             undo.append(row)
             continue
-        tasks[row["task_id"]].steps.append(_STEP_OF(row))
+        tasks[row[_TASK_ID]].steps.append(_STEP_OF(row))
     for row in undo:
-        tasks[row["task_id"]].steps[row["idx"]].compensation = _UNDO_OF(row)
+        tasks[row[_TASK_ID]].steps[row[_IDX]].compensation = _UNDO_OF(row)
 
 
 def alert_from_row(row: Mapping[str, Any]) -> Alert:

@@ -30,7 +30,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from sasflow.model import Task
-from sasflow.store import columns, queries
+from sasflow.store import queries
 from sasflow.store.postgres.flushers import Flushers
 from sasflow.store.rows import Row, attach_steps, task_from_row
 
@@ -39,7 +39,6 @@ __all__ = ["GuestReads", "ReadBatch", "read_of", "read_text_of", "tasks_of_rows"
 
 _Q = queries.load("postgres", "pyformat")
 _decode = msgspec.json.decode
-_STEP_READ = [name for name in columns.STEP if name != "task_id"]  # the steps fragment's
 
 Read = Callable[[Sequence[str]], Awaitable[list[Task]]]
 
@@ -180,9 +179,10 @@ def tasks_of_rows(rows: Iterable[Row]) -> list[Task]:
     return list(tasks.values())
 
 
-def _steps_of(rows: Iterable[Row]) -> list[Row]:
-    """Unit rows from rows with a task id and its steps as JSON (the steps fragment)."""
-    return [{"task_id": row["task_id"], **dict(zip(_STEP_READ, step, strict=True))}
+def _steps_of(rows: Iterable[Row]) -> list[tuple[Any, ...]]:
+    """Unit rows, in columns.STEP's order, from rows with a task id and its steps as
+    JSON arrays (the steps fragment: each of those columns but task_id, in order)."""
+    return [(row["task_id"], *step)
             for row in rows if row["steps"] is not None for step in _decode(row["steps"])]
 
 
