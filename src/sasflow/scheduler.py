@@ -67,7 +67,7 @@ class Scheduler:
         self.reply_queue = reply_queue(instance_id)
         self._held: dict[str, Task] = {}  # the tasks this instance drives, by id
         self._waiting: dict[str, tuple[int, str, Phase, asyncio.Future[Reply | None]]] = {}
-        self._drivers: set[asyncio.Task[None]] = set()
+        self._drivers: dict[str, asyncio.Task[None]] = {}  # by task id: one a task
         self._promised = 0  # slots promised to submissions that claim for this instance
         self._promising = threading.Lock()  # submitters ask from any thread
         self._running = False
@@ -137,15 +137,15 @@ class Scheduler:
         handing_back.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     def _start(self, task: Task) -> None:
-        # held from now on, not from when its driver first runs: a shutdown in between
-        # still hands it back
+        # held from now on, not from when its driver first runs (a shutdown in between
+        # still hands it back); one driver a task, the last claim's
         self._held[task.task_id] = task
         self.waiters.driving(task.task_id)
-        driver = asyncio.create_task(self._drive(task))
-        self._drivers.add(driver)
-        driver.add_done_callback(self._driver_done)
+        if stale := self._drivers.get(task.task_id):  # waits on an attempt since released
+            stale.cancel()
+        driver = self._drivers[task.task_id] = asyncio.create_task(self._drive(task))
         # (when the driver ends, even cancelled before it ran)
-        driver.add_done_callback(lambda _: self.waiters.let_go(task.task_id))
+        driver.add_done_callback(functools.partial(self._driver_done, task.task_id))
 
     async def run(self) -> None:
         consumer = asyncio.create_task(self.transport.consume(
@@ -160,9 +160,10 @@ class Scheduler:
             self._running = False
             consumer.cancel()
             watcher.cancel()
-            for driver in list(self._drivers):
+            for driver in list(self._drivers.values()):
                 driver.cancel()
-            await asyncio.gather(consumer, watcher, *self._drivers, return_exceptions=True)
+            await asyncio.gather(consumer, watcher, *self._drivers.values(),
+                                 return_exceptions=True)
             await self._release_held()
 
     async def _release_held(self) -> None:
@@ -238,8 +239,10 @@ class Scheduler:
                     self._held[task.task_id] = task
             raise
 
-    def _driver_done(self, driver: asyncio.Task[None]) -> None:
-        self._drivers.discard(driver)
+    def _driver_done(self, task_id: str, driver: asyncio.Task[None]) -> None:
+        if self._drivers.get(task_id) is driver:  # not a stale one (_start)
+            del self._drivers[task_id]
+            self.waiters.let_go(task_id)
         error = None if driver.cancelled() else driver.exception()
         if error is not None:  # its task is left to the supervisor (see _drive)
             self._failures.failed(error)
@@ -351,7 +354,9 @@ class Scheduler:
             return await future
         finally:
             self._deadlines.discard(deadline, future)
-            self._waiting.pop(request.task_id, None)
+            # its own wait only, never a later driver's of the task (_start)
+            if (waiting := self._waiting.get(request.task_id)) and waiting[3] is future:
+                del self._waiting[request.task_id]
             if sent is not None and future.cancelled():
                 sent.cancel()  # the driver stops: a request still waiting is not sent
 

@@ -143,8 +143,8 @@ async def test_a_finished_task_costs_no_claim_when_the_last_claim_took_all_there
     claims = counting_claims(app)
     finished = scheduler._driver_done
 
-    def driver_done(driver: asyncio.Task[None]) -> None:
-        finished(driver)
+    def driver_done(task_id: str, driver: asyncio.Task[None]) -> None:
+        finished(task_id, driver)
         done.set()
 
     scheduler._driver_done = driver_done  # type: ignore[method-assign]
