@@ -27,6 +27,14 @@ def run(case: Case, loop_kind: str) -> None:
         asyncio.run(case())
 
 
+async def past_the_bucket_of(deadlines: Deadlines, delay: float) -> None:
+    """Until a wait added now with `delay` would have been ended, and then some: a wait
+    added three buckets later ends, so the timer has been past that bucket."""
+    later: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    deadlines.add(delay + 3 * RESOLUTION, later)
+    await asyncio.wait_for(later, GUARD)
+
+
 def _note(ended: list[str], name: str, _: object) -> None:
     ended.append(name)
 
@@ -84,12 +92,8 @@ def test_a_discarded_wait_is_never_ended(loop_kind: str) -> None:
         loop = asyncio.get_running_loop()
         deadlines = Deadlines(loop)
         discarded: asyncio.Future[None] = loop.create_future()
-        key = deadlines.add(0.01, discarded)
-        later: asyncio.Future[None] = loop.create_future()
-        deadlines.add(0.01 + 3 * RESOLUTION, later)
-        deadlines.discard(key, discarded)
-        # the later wait's end comes after the discarded one's bucket was due
-        await asyncio.wait_for(later, GUARD)
+        deadlines.discard(deadlines.add(0.01, discarded), discarded)
+        await past_the_bucket_of(deadlines, 0.01)
         assert not discarded.done()
     run(case, loop_kind)
 
@@ -126,8 +130,6 @@ def test_a_wait_already_done_is_left_as_it_is(loop_kind: str) -> None:
         replied: asyncio.Future[str | None] = loop.create_future()
         deadlines.add(0.01, replied)
         replied.set_result("reply")
-        later: asyncio.Future[None] = loop.create_future()
-        deadlines.add(0.01 + 3 * RESOLUTION, later)
-        await asyncio.wait_for(later, GUARD)
+        await past_the_bucket_of(deadlines, 0.01)
         assert replied.result() == "reply"
     run(case, loop_kind)
