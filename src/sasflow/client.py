@@ -202,8 +202,7 @@ class Client(Operations):
             return claimed is False
         # (its loop closed meanwhile: the task, locked to a stopped scheduler, is
         # released by a supervisor at its complete-by, as after a crash)
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(scheduler.adopt, claimed)
+        loop_calls.tell(loop, scheduler.adopt, claimed)
         return True
 
     def _hand_over(self, written: asyncio.Future[Task | None], scheduler: Scheduler) -> None:

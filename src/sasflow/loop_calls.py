@@ -28,7 +28,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["LoopCalls", "into"]
+__all__ = ["LoopCalls", "into", "tell"]
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
@@ -44,6 +44,32 @@ def _of_loop(by_loop: dict[asyncio.AbstractEventLoop, _V], loop: asyncio.Abstrac
             del by_loop[closed]
         found = by_loop[loop] = make()
     return found
+
+
+def tell(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: Any) -> bool:
+    """`callback(*args)` soon on `loop`, from any thread; from the loop's own thread
+    without waking it through its self-pipe (a write, an extra turn and a read).
+
+    False if the loop has closed: whoever listened there has gone, and has nothing
+    left to be told. A thread that tells its listeners copies them under a lock and
+    tells them after it, so one of them may leave, and its loop close, in between
+    (a PostgreSQL notice of a task's end came to a waiter whose `asyncio.run` had
+    just ended): that is no fault of the teller's.
+    """
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    try:
+        if running is loop:
+            loop.call_soon(callback, *args)
+        else:
+            loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
+        return False
+    return True
 
 
 _into: dict[asyncio.AbstractEventLoop, LoopCalls] = {}

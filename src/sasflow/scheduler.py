@@ -24,6 +24,7 @@ from sasflow.deadlines import Deadlines
 from sasflow.errors import PayloadError, StoreError
 from sasflow.handover import NO_HANDOVER, NO_WAITERS, Waiters
 from sasflow.logs import log_context, log_step
+from sasflow.loop_calls import tell
 from sasflow.messages import Reply, Request, decode_reply, encode_within
 from sasflow.model import Phase, Task, TaskState, terminal
 from sasflow.outage import Repeats
@@ -120,8 +121,7 @@ class Scheduler:
             self._promised -= 1
         loop = self._loop
         if self._short_of_slots and loop is not None:  # the claim loop may wait for it
-            with contextlib.suppress(RuntimeError):  # (its loop is closed: it stopped)
-                loop.call_soon_threadsafe(self._wake.set)
+            tell(loop, self._wake.set)  # (False: its loop closed, it stopped)
 
     def adopt(self, task: Task) -> None:
         """Drive `task`, claimed for this instance with its submission, in the promised

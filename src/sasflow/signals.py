@@ -15,10 +15,10 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from functools import partial
 
 from sasflow.ended_here import EndedHere, decode_task, encode_task
 from sasflow.handover import Handover
+from sasflow.loop_calls import tell
 from sasflow.model import Task, claimable, final, terminal
 from sasflow.scheduler import Scheduler
 from sasflow.store.interfaces import ClaimRule, Store
@@ -78,7 +78,7 @@ class InProcessSignals:
         with self._lock:
             schedulers = list(self._schedulers)
         for loop, scheduler in schedulers:
-            _soon(loop, scheduler.wake)
+            tell(loop, scheduler.wake)
 
     @contextlib.asynccontextmanager
     async def waiting(self, task_id: str) -> AsyncIterator[Waiter]:
@@ -116,7 +116,7 @@ class InProcessSignals:
             self._driven.discard(task_id)
             waiters = list(self._waiters.get(task_id, ()))
         for waiter in waiters:
-            _soon(waiter.loop, waiter.event.set)
+            tell(waiter.loop, waiter.event.set)
 
     def ending(self, task_id: str) -> Handover:
         """Called by a scheduler of this process before it writes the transition that
@@ -149,7 +149,7 @@ class InProcessSignals:
         with self._lock:
             waiters = list(self._waiters.get(task_id, ()))
         for waiter in waiters:
-            _soon(waiter.loop, waiter.event.set)
+            tell(waiter.loop, waiter.event.set)
 
     def alerted(self, alert: Alert) -> None:
         """An alert raised in this process: a task's (E8) or an incident's (R4)."""
@@ -208,21 +208,9 @@ class _Handover:
         encoded = encode_task(task)
         self._ended.keep(task, encoded)
         for waiter in self._waiters:  # each its own copy: callers may change theirs
-            _soon(waiter.loop, partial(waiter._handed, decode_task(encoded)))
+            tell(waiter.loop, waiter._handed, decode_task(encoded))
 
     def dropped(self) -> None:
         for waiter in self._waiters:
-            _soon(waiter.loop, partial(waiter._handed, None))
+            tell(waiter.loop, waiter._handed, None)
 
-
-def _soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
-    """`callback` on `loop`; from the loop's own thread without waking it through its
-    self-pipe (a write, an extra turn and a read, twice per task)."""
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        loop.call_soon(callback)
-    else:
-        loop.call_soon_threadsafe(callback)

@@ -59,8 +59,8 @@ class Data:
         self.deliveries: dict[tuple[int, str], DeliveryRecord] = {}
         self.delivery_done: dict[int, float] = {}
         self.ids = itertools.count(1)
-        # watchers: (callback, its loop, its thread), told when work becomes claimable
-        self.watchers: list[tuple[Callable[[float], None], asyncio.AbstractEventLoop, int]] = []
+        # watchers: (callback, its loop), told when work becomes claimable
+        self.watchers: list[tuple[Callable[[float], None], asyncio.AbstractEventLoop]] = []
         self.finished: list[Callable[[str], None]] = []  # told when a task ends
 
 

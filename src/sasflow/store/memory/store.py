@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from sasflow.errors import ConfigurationError, StoreError, TaskConflictError
+from sasflow.loop_calls import tell
 from sasflow.messages import encode
 from sasflow.model import (
     Task,
@@ -250,7 +250,7 @@ class MemoryStore(Tables, Deliveries):
     # ------------------------------------------------------------ reading
     async def watch(self, wake: Callable[[float], None]) -> None:
         """Call `wake(at)` when a task is submitted or handed back, until cancelled."""
-        entry = (wake, asyncio.get_running_loop(), threading.get_ident())
+        entry = (wake, asyncio.get_running_loop())
         with self._data.lock:
             self._data.watchers.append(entry)
         try:
@@ -273,12 +273,16 @@ class MemoryStore(Tables, Deliveries):
     def _tell_watchers(self, at: float) -> None:
         with self._data.lock:
             watchers = list(self._data.watchers)
-        me = threading.get_ident()
-        for wake, loop, thread in watchers:
-            if thread == me:
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # a submission from the caller's thread (the sync facade)
+            here = None
+        for wake, loop in watchers:
+            if loop is here:
                 wake(at)
-            else:  # a submission from the caller's thread (the sync facade)
-                loop.call_soon_threadsafe(wake, at)
+            else:  # (a thread may run several loops in turn: the same thread is not
+                # the same loop, and a watcher's loop may have closed)
+                tell(loop, wake, at)
 
     async def get(self, task_id: str) -> Task | None:
         with self._data.lock:

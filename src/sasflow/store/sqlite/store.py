@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from sasflow.errors import ConfigurationError, StoreError
+from sasflow.loop_calls import tell
 from sasflow.model import Task, claimable, terminal
 from sasflow.redact import redact
 from sasflow.store.interfaces import ClaimRule
@@ -263,7 +264,7 @@ class SQLiteStore(SQLStore):
         loop = asyncio.get_running_loop()
 
         def heard(at: float) -> None:
-            loop.call_soon_threadsafe(wake, at)
+            tell(loop, wake, at)
 
         stop = self._wake.on_work(heard)
         try:

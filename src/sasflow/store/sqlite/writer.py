@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sasflow.background_loop import take_early_answer
+from sasflow.loop_calls import tell
 
 __all__ = ["Writer"]
 
@@ -204,8 +205,7 @@ def _settle_all(outcomes: list[_Outcome]) -> None:
         else:
             by_loop.setdefault(loop, []).append(outcome)
     for loop, group in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-            loop.call_soon_threadsafe(_settle_in_loop, group)
+        tell(loop, _settle_in_loop, group)  # (False: a closed loop, nobody waits)
     for (_, _, _, then), result, error in outcomes:
         if then is not None and error is None:
             try:
