@@ -12,7 +12,8 @@ import pytest
 
 from support.cli import SHOP
 from support.faultproxy import fault_proxy
-from support.servers import PrivatePostgres, free_port
+from support.ports import free_port
+from support.servers import PrivatePostgres
 
 # Hang guard, not a measure: five times the commands' 5 s connect budget, and less
 # than the 30 s the pool used to wait before it gave up.

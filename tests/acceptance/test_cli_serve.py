@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 
 from support.cli import SHOP, Cli
+from support.ports import free_port
 from support.process import Process
-from support.servers import free_port
 from support.waiting import wait_for
 
 COMMAND = [sys.executable, "-m", "sasflow.cli"]

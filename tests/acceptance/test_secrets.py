@@ -32,8 +32,9 @@ from sasflow.store import open_store
 from sasflow.transport import open_transport
 from support.cli import COMMAND, WAIT
 from support.faultproxy import FaultProxy
+from support.ports import free_port
 from support.process import Process
-from support.servers import PrivateRedis, free_port
+from support.servers import PrivateRedis
 
 SECRET = f"Zq{uuid.uuid4().hex[:20]}"  # unique: found anywhere, it leaked
 LOCAL_PG = "postgresql://postgres{userinfo}@127.0.0.1:{port}/test"

@@ -35,8 +35,9 @@ from sasflow.store.records import HistoryEntry, Instance
 from support import APPS, waiting
 from support.dist import postgres_schema
 from support.faultproxy import FaultProxy
+from support.ports import free_port
 from support.process import HANG_GUARD, Process, kill_all
-from support.servers import PrivatePostgres, free_port
+from support.servers import PrivatePostgres
 
 pytestmark = pytest.mark.chaos
 

@@ -36,17 +36,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from support.ports import free_port
+
 # A hang guard: a server starting on a loaded 2-core machine beside a whole test run
 # (RabbitMQ's Erlang VM above all) can take a minute, never this long
 STARTUP_TIMEOUT = 180.0
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's pick)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_for_port(port: int, timeout: float, what: str) -> None:

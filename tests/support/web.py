@@ -11,7 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from sasflow.web.auth import Users, new_token
-from support.servers import free_port
+from support.ports import free_port
 from support.waiting import wait_for
 
 __all__ = ["AS_OPERATOR", "AS_VIEWER", "OPERATOR_TOKEN", "USERS", "VIEWER_TOKEN", "serving"]
