@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from sasflow.store import Store
 from sasflow.store.records import Alert, Instance
 from sasflow.supervisor import Supervisor
 from sasflow.webhooks import configured_webhooks, verify_signature
+from support.ports import free_port
 from support.receiver import Receiver
 from support.stores import ORDER, PLANS, Clock, StoreFactory, claim_one, submitted
 
@@ -152,9 +152,7 @@ async def test_a_receiver_that_is_down_or_silent_is_tried_again(
         store: Store, clock: Clock, receiver: Receiver) -> None:
     """A refused connection and a POST unanswered within its timeout are failures worth
     trying again, not refusals."""
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/hook"
+    closed = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens there
     alert = await raise_alert(store, clock)
     async with deliverer(store, closed, receiver.url, timeout=0.2) as delivery:
         receiver.hold()
