@@ -96,8 +96,8 @@ def test_operator_actions_racing_the_supervisor_recovery_one_wins(run: Run) -> N
     # who moved each task out of the state the victim left it in: one of the two, once
     first: dict[str, str] = {}
     for task, actor in cluster.db.must(
-            "SELECT task_id, actor FROM history WHERE step IS NULL AND epoch = 1"
-            " AND from_state = 'processing' AND actor <> %s ORDER BY id", (victim.name,)):
+            "SELECT task_id, actor FROM history_entries WHERE step IS NULL AND epoch = 1"
+            " AND from_state = 'processing' AND actor <> %s ORDER BY id, part", (victim.name,)):
         assert task not in first, f"{task} moved out of processing twice"
         first[task] = actor
     print(f"\nfirst to move each task: {Counter(first.values())}")

@@ -83,7 +83,7 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
                      timeout=30)
     run.wait_all_terminal()
     run.stop(victim)  # whatever it had left to write is written, or fenced off, by now
-    assert not cluster.db.must("SELECT id FROM history WHERE actor = %s AND at > %s",
+    assert not cluster.db.must("SELECT id FROM history_entries WHERE actor = %s AND at > %s",
                                (leader.name, frozen_at)), "the deposed leader wrote after"
     run.conclude(fenced={victim.name: frozen_at}, quiet=[peer, *supervisors])
 

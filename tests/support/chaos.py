@@ -120,7 +120,7 @@ class World(abc.ABC):
 
     def history(self) -> list[History]:
         rows = self.query("SELECT id, task_id, step, phase, at, actor, epoch, from_state,"
-                          " to_state, why FROM history ORDER BY id")
+                          " to_state, why FROM history_entries ORDER BY id, part")
         return [History(*row) for row in rows]
 
     def results(self, step: str) -> dict[str, Any]:

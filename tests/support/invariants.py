@@ -76,7 +76,7 @@ def check(cluster: Cluster, remote: RemoteService, tasks: int, *,
     # the failed attempt that used up a budget (forward, or the compensation's own) says
     # so in the history: "charge: expired (6x): compensating"
     outcome.exhausted = {t for (t,) in db.must(
-        "SELECT DISTINCT task_id FROM history WHERE step IS NULL AND why LIKE %s",
+        "SELECT DISTINCT task_id FROM history_entries WHERE step IS NULL AND why LIKE %s",
         (f"%({max_failures}x)%",))}
     if len(outcome.states) != tasks:
         problems.append(f"{len(outcome.states)} tasks in the store, {tasks} submitted")
@@ -86,7 +86,7 @@ def check(cluster: Cluster, remote: RemoteService, tasks: int, *,
 
     # ---- the store's history: each unit committed once, by one owner
     history = db.must("SELECT task_id, step, phase, actor, epoch, from_state, to_state"
-                      " FROM history WHERE step IS NOT NULL ORDER BY id")
+                      " FROM history_entries WHERE step IS NOT NULL ORDER BY id, part")
     committed: defaultdict[tuple[str, str, str], list[tuple[str, int]]] = defaultdict(list)
     for task, step, phase, actor, epoch, _, to_state in history:
         if (phase, to_state) in (("do", "completed"), ("undo", "compensated")):
@@ -96,7 +96,7 @@ def check(cluster: Cluster, remote: RemoteService, tasks: int, *,
             problems.append(f"{unit} committed {len(owners)} times, by (actor, epoch) {owners}")
 
     outcome.expiries = [float(r[0]) for r in db.must(
-        "SELECT at FROM history WHERE step IS NULL AND why LIKE %s", ("%expired%",))]
+        "SELECT at FROM history_entries WHERE step IS NULL AND why LIKE %s", ("%expired%",))]
     outcome.redispatched = int(db.must("SELECT COUNT(*) FROM steps WHERE attempts > 1")[0][0])
 
     # ---- the units as they ended
@@ -235,7 +235,7 @@ def check_history_chain(cluster: Cluster) -> list[str]:
     problems: list[str] = []
     last: dict[str, str] = {}
     for task, from_state, to_state, actor, why in cluster.db.must(
-            "SELECT task_id, from_state, to_state, actor, why FROM history"
+            "SELECT task_id, from_state, to_state, actor, why FROM history_entries"
             " WHERE step IS NULL ORDER BY id"):
         before = last.get(task)
         if before is not None and from_state != before:
@@ -273,9 +273,9 @@ def stale_writes(cluster: Cluster, actor: str, since: float) -> list[str]:
     written just after it began) are its own to write.
     """
     rows = cluster.db.must(
-        "SELECT task_id, step, epoch, actor, from_state, to_state, why FROM history"
-        " WHERE task_id IN (SELECT DISTINCT task_id FROM history WHERE actor = %s"
-        " AND at > %s) ORDER BY id", (actor, since))
+        "SELECT task_id, step, epoch, actor, from_state, to_state, why FROM history_entries"
+        " WHERE task_id IN (SELECT DISTINCT task_id FROM history_entries WHERE actor = %s"
+        " AND at > %s) ORDER BY id, part", (actor, since))
     taken: set[str] = set()  # tasks another actor wrote since `actor` last claimed them
     stale = []
     for task, step, epoch, who, from_state, to_state, why in rows:
@@ -293,7 +293,7 @@ def stale_writes(cluster: Cluster, actor: str, since: float) -> list[str]:
 def post_mortem(cluster: Cluster, outcome: Outcome) -> str:
     """The store's record of the first tasks named in the problems; all of it in a file."""
     columns = ("id, task_id, step, phase, at, actor, epoch, from_state, to_state, why")
-    everything = cluster.db.must(f"SELECT {columns} FROM history ORDER BY id")
+    everything = cluster.db.must(f"SELECT {columns} FROM history_entries ORDER BY id, part")
     path = cluster.root / "history.txt"
     path.write_text("\n".join(" | ".join(map(str, row)) for row in everything) + "\n")
     suspects = list(dict.fromkeys(re.findall(r"order-\d+", "\n".join(outcome.problems))))[:4]

@@ -106,7 +106,7 @@ class Run:
         """Whether each of `tasks` was recovered by a supervisor after `since`, or ended."""
         wanted = set(tasks)
         rows = self.cluster.db.must(
-            "SELECT DISTINCT task_id FROM history WHERE step IS NULL AND at > %s"
+            "SELECT DISTINCT task_id FROM history_entries WHERE step IS NULL AND at > %s"
             " AND (why LIKE %s OR to_state IN ('processed', 'compensated', 'error'))",
             (since, "%expired%"))
         return wanted <= {r[0] for r in rows}

@@ -237,7 +237,7 @@ class Cluster:
 
     def claims(self, actor: str, since: float = 0.0) -> set[str]:
         """Tasks `actor` claimed (or took back to compensate) after `since`."""
-        rows = self.db.must("SELECT DISTINCT task_id FROM history WHERE actor = %s"
+        rows = self.db.must("SELECT DISTINCT task_id FROM history_entries WHERE actor = %s"
                             " AND step IS NULL AND at > %s AND why LIKE %s",
                             (actor, since, "claimed%"))
         return {r[0] for r in rows}

@@ -35,9 +35,13 @@ _STEP_KEY = ("task_id", "phase", "idx")
 NEW_STEP = ("task_id", "phase", "idx", "name", "agent", "state", "idempotency_key",
             "updated_at")
 
+# units: the moves of the units that changed with it, as one JSON array of
+# [step, phase, from_state, to_state] (rows.implied_rows; the view history_entries
+# reads them as entries of their own)
 HISTORY = {
     "task_id": "text", "step": "text", "phase": "text", "at": "float8", "actor": "text",
     "epoch": "bigint", "from_state": "text", "to_state": "text", "why": "text",
+    "units": "text",
 }
 
 # task_id: whose change wrote it (a bulk write keeps only the rows of what applied)

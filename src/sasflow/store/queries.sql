@@ -30,8 +30,8 @@ ORDER BY started_at, instance_id
 SELECT MIN(complete_by) AS due FROM tasks WHERE locked_by IS NOT NULL
 
 -- name: select_history
-SELECT step, phase, at, actor, epoch, from_state, to_state, why FROM history
-WHERE task_id = :task_id ORDER BY id
+SELECT step, phase, at, actor, epoch, from_state, to_state, why FROM history_entries
+WHERE task_id = :task_id ORDER BY id, part
 
 -- fragment: alert_read
 -- an alert's row as alert_from_row reads it (rows.py)

@@ -34,13 +34,14 @@ from sasflow.model import (
     terminal,
 )
 from sasflow.store import columns
-from sasflow.store.records import Alert, Instance, NewTask, submitted
+from sasflow.store.records import Alert, HistoryEntry, Instance, NewTask, submitted
 from sasflow.transition import Transition, UnitChange, applied, written_at
 from sasflow.transport.dead_letter import DeadLetter
 from sasflow.workflow import workflow_version
 
 __all__ = ["Row", "Table", "alert_from_row", "attach_steps", "check_legal",
-           "claim_transition", "claimed_at_submission", "implied_rows", "incident_params",
+           "claim_transition", "claimed_at_submission", "history_entries", "implied_rows",
+           "incident_params",
            "instance_from_row", "instance_params", "letter_from_row", "letter_params", "status_row",
            "submission_rows", "task_from_row", "task_values", "unit_row", "versions_of"]
 
@@ -213,10 +214,24 @@ def task_values(t: Transition, now: float) -> Row:
 
 
 def _history(task_id: str, now: float, actor: str, epoch: int, from_state: str | None,
-             to_state: str, why: str | None, step: str | None = None,
-             phase: str | None = None) -> Row:
-    return {"task_id": task_id, "step": step, "phase": phase, "at": now, "actor": actor,
-            "epoch": epoch, "from_state": from_state, "to_state": to_state, "why": why}
+             to_state: str, why: str | None, units: str | None = None) -> Row:
+    return {"task_id": task_id, "step": None, "phase": None, "at": now, "actor": actor,
+            "epoch": epoch, "from_state": from_state, "to_state": to_state, "why": why,
+            "units": units}
+
+
+def history_entries(row: Mapping[str, Any]) -> Iterator[HistoryEntry]:
+    """The entries one history row records: its task's move, then its units' (the
+    memory store's reading of what the view history_entries reads in SQL)."""
+    entry = HistoryEntry(**{name: row[name] for name in _ENTRY_FIELDS})
+    yield entry
+    for step, phase, from_state, to_state in msgspec.json.decode(row["units"] or "[]"):
+        yield msgspec.structs.replace(entry, step=step, phase=phase, from_state=from_state,
+                                      to_state=to_state, why=None)
+
+
+_ENTRY_FIELDS = ("task_id", "step", "phase", "at", "actor", "epoch", "from_state",
+                 "to_state", "why")
 
 
 def implied_rows(t: Transition, now: float) -> Iterator[tuple[Table, Row]]:
@@ -225,13 +240,13 @@ def implied_rows(t: Transition, now: float) -> Iterator[tuple[Table, Row]]:
     epoch = t.new_epoch
     if t.steps_from is not None:  # a migration to a shorter shape (disjoint from its units)
         yield "drop", {"task_id": t.task_id, "idx": t.steps_from}
-    yield "history", _history(t.task_id, now, t.actor, epoch, t.from_state, t.state, t.why)
+    moves = []  # the units' moves, in the task's history row
     for unit in t.units:
         yield "steps", unit_row(t.task_id, unit, now)
-        if not unit.in_history:  # a step's row showing where its compensation stands
-            continue
-        yield "history", _history(t.task_id, now, t.actor, epoch,
-                                  unit.from_state, unit.state, None, unit.name, unit.phase)
+        if unit.in_history:  # (not: a step's row showing where its compensation stands)
+            moves.append((unit.name, unit.phase, unit.from_state, unit.state))
+    yield "history", _history(t.task_id, now, t.actor, epoch, t.from_state, t.state, t.why,
+                              encode(moves).decode() if moves else None)
     if t.reply_to:
         for event, step in t.events:
             yield "outbox", status_row(t.reply_to, t.task_id, event, t.state, step, now,

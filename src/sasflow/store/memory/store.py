@@ -47,6 +47,7 @@ from sasflow.store.rows import (
     check_legal,
     claim_transition,
     claimed_at_submission,
+    history_entries,
     implied_rows,
     status_row,
 )
@@ -190,7 +191,7 @@ class MemoryStore(Tables, Deliveries):
         stored.task = msgspec.structs.replace(applied(task, t), updated_at=written_at(t, now))
         for table, row in implied_rows(t, now):
             if table == "history":
-                data.history.append(HistoryEntry(**row))
+                data.history.extend(history_entries(row))
             elif table == "outbox":
                 self._add_outbox(row["queue"], row["body"])
             elif table == "alerts":
