@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import pytest
 
@@ -92,3 +93,59 @@ async def test_a_consumer_runs_at_most_prefetch_handlers_at_once() -> None:
             await consumer
     assert most == 3
     assert sorted(handled) == list(range(10))
+
+
+async def test_a_message_that_comes_while_every_handler_is_busy_starts_at_once() -> None:
+    """The handlers are started as the messages need them: one that comes while the
+    others are all held is taken at once, up to the prefetch."""
+    transport = MemoryTransport()
+    held = asyncio.Event()
+    started: asyncio.Queue[int] = asyncio.Queue()
+
+    async def handler(body: bytes) -> None:
+        started.put_nowait(int(body))
+        await held.wait()
+
+    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=3))
+    try:
+        async with asyncio.timeout(60):
+            for n in range(3):  # each only once the ones before are held
+                await transport.publish("q", str(n).encode())
+                assert await started.get() == n
+    finally:
+        held.set()
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+
+
+async def test_messages_handled_one_after_another_need_no_task_each() -> None:
+    """A hundred messages, each handled before the next is sent: the consumer keeps
+    the handlers they needed at once (one, and one waiting), not a task a message."""
+    transport = MemoryTransport()
+    handled: asyncio.Queue[int] = asyncio.Queue()
+
+    async def handler(body: bytes) -> None:
+        handled.put_nowait(int(body))
+
+    loop = asyncio.get_running_loop()
+    made = 0
+
+    def counted(loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> Any:
+        nonlocal made
+        made += 1
+        return asyncio.Task(coro, loop=loop, **options)
+
+    loop.set_task_factory(counted)
+    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=50))
+    try:
+        async with asyncio.timeout(60):
+            for n in range(100):
+                await transport.publish("q", str(n).encode())
+                assert await handled.get() == n
+    finally:
+        loop.set_task_factory(None)
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+    assert made <= 1 + 2  # the consumer, then its handlers

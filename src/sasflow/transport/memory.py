@@ -50,30 +50,6 @@ class _Message:
         self.first_seen = 0.0
 
 
-class _Slots:
-    """The handlers one consumer may still start: asyncio.Semaphore's count, without
-    its cost. The consumer's loop is its only taker, so it needs no queue of
-    waiters; Semaphore.acquire paid for them, its `locked` making a generator on
-    every message (~5% of the roles' CPU in-process, docs/benchmarks.md)."""
-
-    __slots__ = ("_freed", "free")
-
-    def __init__(self, size: int) -> None:
-        self.free = size
-        self._freed: asyncio.Future[None] | None = None
-
-    async def freed(self) -> None:
-        """Until a slot is free (the taker asks only when none is)."""
-        while not self.free:
-            self._freed = asyncio.get_running_loop().create_future()
-            await self._freed
-
-    def release(self) -> None:
-        self.free += 1
-        if self._freed is not None and not self._freed.done():
-            self._freed.set_result(None)
-
-
 class MemoryTransport:
     shared = False
 
@@ -112,7 +88,6 @@ class MemoryTransport:
 
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> None:
         q = self._queue(queue)
-        slots = _Slots(max(1, prefetch))
         running: set[asyncio.Task[None]] = set()
         self._consumed[queue] = self._consumed.get(queue, 0) + 1
         loop = asyncio.get_running_loop()
@@ -139,16 +114,45 @@ class MemoryTransport:
             running.add(task)
             task.add_done_callback(running.discard)
 
-        async def handle(message: _Message) -> None:
-            try:
-                await handler(message.body)
-            except asyncio.CancelledError:
-                q.put_nowait(message)  # not acked: redeliver, this delivery not counted
-                raise
-            except Exception as error:
-                await failed(message, error)
-            finally:
-                slots.release()
+        # The consumer's handlers: each takes the next message once done with its
+        # last, so at most `prefetch` run at once, and no task is made a message
+        # (its creation, context, weak reference and done callback were 6% of the
+        # in-process roles' samples, and a task alive while its step runs is walked
+        # by every young collection; docs/benchmarks.md). There are as many as the
+        # messages have needed at once, and one waiting for the next: when the last
+        # waiting one takes a message, another starts (up to `prefetch`).
+        limit, handlers, waiting = max(1, prefetch), 0, 0
+        broken: asyncio.Future[None] = loop.create_future()
+
+        def add_handler() -> None:
+            nonlocal handlers
+            handlers += 1
+            task = loop.create_task(handle_in_turn())
+            running.add(task)
+            task.add_done_callback(handler_ended)
+
+        def handler_ended(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            if not task.cancelled() and not broken.done():
+                # a fault of its own (failed() raised): the consumer ends with it,
+                # rather than quietly run one handler short
+                broken.set_exception(task.exception() or RuntimeError("a handler ended"))
+
+        async def handle_in_turn() -> None:
+            nonlocal waiting
+            while True:
+                waiting += 1
+                message = await q.get()
+                waiting -= 1
+                if not waiting and handlers < limit:
+                    add_handler()  # to wait for the next message
+                try:
+                    await handler(message.body)
+                except asyncio.CancelledError:
+                    q.put_nowait(message)  # not acked: redeliver, this delivery not counted
+                    raise
+                except Exception as error:
+                    await failed(message, error)
 
         try:
             if isinstance(handler, ImmediateHandler):
@@ -162,11 +166,8 @@ class MemoryTransport:
                     except Exception as error:
                         start(failed(message, error))
             else:
-                while True:
-                    if not slots.free:
-                        await slots.freed()
-                    slots.free -= 1
-                    start(handle(await q.get()))
+                add_handler()
+                await broken  # until cancelled
         finally:
             self._consumed[queue] -= 1
             for task in list(running):
