@@ -12,7 +12,7 @@ import pytest
 
 from sasflow.errors import StoreError
 from sasflow.transport import MalformedMessage
-from sasflow.transport.dead_letter import DeadLetter, ListBox
+from sasflow.transport.dead_letter import DeadLetter, DeliveryPolicy, ListBox
 from sasflow.transport.memory import MemoryTransport
 
 
@@ -149,3 +149,34 @@ async def test_messages_handled_one_after_another_need_no_task_each() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await consumer
     assert made <= 1 + 2  # the consumer, then its handlers
+
+
+async def test_a_failure_whose_handling_fails_stops_no_later_message(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One bad message, and a fault in handling its failure (here the delivery policy
+    raises): that message is lost and said in the log, and the consumer's handlers
+    go on to the next ones."""
+
+    class Broken(DeliveryPolicy):
+        def exhausted(self, deliveries: int) -> bool:
+            raise RuntimeError("policy store unreachable")
+
+    transport = MemoryTransport(policy=Broken())
+    handled: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def handler(body: bytes) -> None:
+        if body == b"bad":
+            raise ValueError("cannot read it")
+        handled.put_nowait(body)
+
+    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=1))
+    try:
+        for body in (b"bad", b"good", b"also good"):
+            await transport.publish("q", body)
+        async with asyncio.timeout(60):
+            assert [await handled.get(), await handled.get()] == [b"good", b"also good"]
+    finally:
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+    assert "could not handle the failure of a message on q" in caplog.text

@@ -134,8 +134,8 @@ class MemoryTransport:
         def handler_ended(task: asyncio.Task[None]) -> None:
             running.discard(task)
             if not task.cancelled() and not broken.done():
-                # a fault of its own (failed() raised): the consumer ends with it,
-                # rather than quietly run one handler short
+                # (only what no handler catches, SystemExit and the like): the consumer
+                # ends with it, rather than quietly run one handler short
                 broken.set_exception(task.exception() or RuntimeError("a handler ended"))
 
         async def handle_in_turn() -> None:
@@ -152,7 +152,12 @@ class MemoryTransport:
                     q.put_nowait(message)  # not acked: redeliver, this delivery not counted
                     raise
                 except Exception as error:
-                    await failed(message, error)
+                    try:
+                        await failed(message, error)
+                    except Exception:  # its failure's handling failed: one message
+                        # lost and said, not the consumer (one bad message stops nothing)
+                        log.exception("could not handle the failure of a message on %s",
+                                      queue)
 
         try:
             if isinstance(handler, ImmediateHandler):
