@@ -21,7 +21,6 @@ must outlive its caller (`outlive_caller`: a submission's write and hand-over).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
 import threading
@@ -149,8 +148,7 @@ class LoopCalls:
             return await answer
         except asyncio.CancelledError:
             if not outlive_caller:
-                with contextlib.suppress(RuntimeError):  # (the home loop is closed)
-                    self._home.call_soon_threadsafe(_cancel, call)
+                tell(self._home, _cancel, call)  # (False: the home loop is closed)
             raise
 
     # ------------------------------------------------------------ in the home loop
@@ -190,8 +188,7 @@ def _cancel(call: _Call) -> None:
 def _fail(calls: list[_Call], error: RuntimeError) -> None:
     """The home loop is closed: each caller gets the error, in its loop."""
     for call in calls:
-        with contextlib.suppress(RuntimeError):  # and the caller's too: nobody waits
-            call.caller.call_soon_threadsafe(_fail_one, call.future, error)
+        tell(call.caller, _fail_one, call.future, error)  # (False: nobody waits)
 
 
 def _fail_one(future: asyncio.Future[Any], error: RuntimeError) -> None:

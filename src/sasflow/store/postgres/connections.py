@@ -349,8 +349,7 @@ class Connections:
                 # shutdown cancels what is left on it, and a pool worker cancelled in
                 # the middle of a maintenance task goes on (psycopg_pool keeps itself
                 # whole): only the pool's close ends it (test_postgres_cancellation)
-                with contextlib.suppress(RuntimeError):  # (closed meanwhile)
-                    home.call_soon_threadsafe(_close_there, pool)
+                loop_calls.tell(home, _close_there, pool)  # (False: closed meanwhile)
 
 
 _closing: set[asyncio.Task[None]] = set()  # pools being closed on their idle home loop
