@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,6 +24,19 @@ class DownStore(ListBox):
         raise StoreError("database is locked")
 
 
+@contextlib.asynccontextmanager
+async def consuming(transport: MemoryTransport, handler: Any, *, prefetch: int
+                    ) -> AsyncIterator[None]:
+    """`transport` consuming queue "q" with `handler` while inside, stopped after."""
+    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=prefetch))
+    try:
+        yield
+    finally:
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+
+
 async def test_a_dead_letter_the_store_refuses_is_kept_in_the_process_and_said_once(
         caplog: pytest.LogCaptureFixture) -> None:
     """Neither lost nor retried hot: kept in memory, two log lines (why, and the letter),
@@ -36,17 +50,12 @@ async def test_a_dead_letter_the_store_refuses_is_kept_in_the_process_and_said_o
             raise MalformedMessage("not a reply")
         handled.append(body)
 
-    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=1))
-    try:
+    async with consuming(transport, handler, prefetch=1):
         for body in (b"garbage", b"fine"):
             await transport.publish("q", body)
         async with asyncio.timeout(5):
             while not handled or not transport.stranded.letters:
                 await asyncio.sleep(0.01)
-    finally:
-        consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer
     assert handled == [b"fine"]
     assert [(d.queue, d.body, d.deliveries) for d in transport.stranded.letters] == [
         ("q", b"garbage", 1)]
@@ -75,8 +84,7 @@ async def test_a_consumer_runs_at_most_prefetch_handlers_at_once() -> None:
         if len(handled) == len(gates):
             all_handled.set()
 
-    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=3))
-    try:
+    async with consuming(transport, handler, prefetch=3):
         for n in range(10):
             await transport.publish("q", str(n).encode())
         async with asyncio.timeout(60):
@@ -87,10 +95,6 @@ async def test_a_consumer_runs_at_most_prefetch_handlers_at_once() -> None:
             for gate in gates:
                 gate.set()
             await all_handled.wait()
-    finally:
-        consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer
     assert most == 3
     assert sorted(handled) == list(range(10))
 
@@ -106,17 +110,14 @@ async def test_a_message_that_comes_while_every_handler_is_busy_starts_at_once()
         started.put_nowait(int(body))
         await held.wait()
 
-    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=3))
     try:
-        async with asyncio.timeout(60):
-            for n in range(3):  # each only once the ones before are held
-                await transport.publish("q", str(n).encode())
-                assert await started.get() == n
+        async with consuming(transport, handler, prefetch=3):
+            async with asyncio.timeout(60):
+                for n in range(3):  # each only once the ones before are held
+                    await transport.publish("q", str(n).encode())
+                    assert await started.get() == n
     finally:
         held.set()
-        consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer
 
 
 async def test_messages_handled_one_after_another_need_no_task_each() -> None:
@@ -137,17 +138,14 @@ async def test_messages_handled_one_after_another_need_no_task_each() -> None:
         return asyncio.Task(coro, loop=loop, **options)
 
     loop.set_task_factory(counted)
-    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=50))
     try:
-        async with asyncio.timeout(60):
-            for n in range(100):
-                await transport.publish("q", str(n).encode())
-                assert await handled.get() == n
+        async with consuming(transport, handler, prefetch=50):
+            async with asyncio.timeout(60):
+                for n in range(100):
+                    await transport.publish("q", str(n).encode())
+                    assert await handled.get() == n
     finally:
         loop.set_task_factory(None)
-        consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer
     assert made <= 1 + 2  # the consumer, then its handlers
 
 
@@ -169,14 +167,9 @@ async def test_a_failure_whose_handling_fails_stops_no_later_message(
             raise ValueError("cannot read it")
         handled.put_nowait(body)
 
-    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=1))
-    try:
+    async with consuming(transport, handler, prefetch=1):
         for body in (b"bad", b"good", b"also good"):
             await transport.publish("q", body)
         async with asyncio.timeout(60):
             assert [await handled.get(), await handled.get()] == [b"good", b"also good"]
-    finally:
-        consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer
     assert "could not handle the failure of a message on q" in caplog.text
