@@ -213,4 +213,3 @@ class _Handover:
     def dropped(self) -> None:
         for waiter in self._waiters:
             tell(waiter.loop, waiter._handed, None)
-
