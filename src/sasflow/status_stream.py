@@ -12,6 +12,7 @@ from typing import Protocol
 
 from sasflow.background_loop import BackgroundLoop
 from sasflow.messages import Status, decode_status
+from sasflow.outbox import OutboxWatch
 from sasflow.store.interfaces import DeadLetterStore, RelayStore
 from sasflow.transport.base import Transport
 from sasflow.transport.dead_letter import (
@@ -24,6 +25,8 @@ from sasflow.transport.dead_letter import (
 __all__ = ["Listening", "statuses"]
 
 log = logging.getLogger("sasflow.app")
+
+_BATCH = 256  # status messages taken at once
 
 
 class _StatusStore(RelayStore, DeadLetterStore, Protocol):
@@ -50,21 +53,23 @@ async def statuses(store: _StatusStore, transport: Transport, queue: str
             # its connection is closed by the time the listener goes on
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await consumer
-    # in-process queues cannot cross processes: read this queue's outbox directly
-    while True:
-        messages = await store.take_outbox([queue], 256)
-        for message in messages:
-            try:
-                status = decoded(decode_status, message.body, "status message")
-            except MalformedMessage as error:  # kept aside once, as a transport would
-                letter = letter_for(queue, message.body, error)
-                await store.add_dead_letter(letter)
-                log_dead_letter(log, letter)
-                continue
-            yield status
-        await store.ack_outbox([m.id for m in messages])
-        if not messages:
-            await asyncio.sleep(0.02)
+    # in-process queues cannot cross processes: read this queue's outbox directly,
+    # when a commit wrote status messages (outbox.py)
+    async with OutboxWatch(store) as outbox:
+        while True:
+            messages = await store.take_outbox([queue], _BATCH)
+            for message in messages:
+                try:
+                    status = decoded(decode_status, message.body, "status message")
+                except MalformedMessage as error:  # kept aside once, as a transport would
+                    letter = letter_for(queue, message.body, error)
+                    await store.add_dead_letter(letter)
+                    log_dead_letter(log, letter)
+                    continue
+                yield status
+            await store.ack_outbox([m.id for m in messages])
+            if len(messages) < _BATCH:
+                await outbox.written()
 
 
 class Listening:

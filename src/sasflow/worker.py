@@ -3,7 +3,8 @@
 `sasflow worker APP --roles scheduler,agent,supervisor` runs all three (the
 embedded default); a broker transport lets each role run as its own service.
 With a broker, the worker also relays status messages from the store's outbox
-to the queues applications named (E11).
+to the queues applications named (E11), taken when a commit wrote some
+(outbox.py).
 
 Liveness (R1, R2). Before any role starts, the worker records its first
 heartbeat: the store is reachable, and its clock (on PostgreSQL, the database's)
@@ -43,6 +44,7 @@ from sasflow.errors import ConfigurationError
 from sasflow.handover import NO_WAITERS, Waiters
 from sasflow.logs import log_context
 from sasflow.outage import Outage
+from sasflow.outbox import OutboxWatch
 from sasflow.scheduler import Scheduler
 from sasflow.sd_notify import notify
 from sasflow.store.interfaces import Store
@@ -74,6 +76,7 @@ DEFAULT_CONCURRENCY = 1024
 _LEASE_BEATS = 5
 _REACH_RETRY_MAX_S = 5.0
 _STOPPED_TIMEOUT_S = 5.0
+_RELAY_BATCH = 256  # status messages the relay takes at once
 
 
 def default_instance_id() -> str:
@@ -271,24 +274,26 @@ class Worker:
                 notify("WATCHDOG=1")
 
     async def _relay(self) -> None:
-        """Publish outbox status messages (at least once: acked after publishing)."""
+        """Publish outbox status messages (at least once: acked after publishing),
+        taken when a commit wrote some (outbox.py)."""
         store, transport = self.store, self.transport
         backoff = 0.05
-        while True:
-            try:
-                messages = await store.take_outbox(None, 256)
-                for message in messages:
-                    await transport.publish(message.queue, message.body)
-                await store.ack_outbox([m.id for m in messages])
-            except Exception as error:  # store or broker down: one line, then backing off
-                self._relaying.failed(error)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _REACH_RETRY_MAX_S)
-                continue
-            self._relaying.recovered()
-            backoff = 0.05
-            if len(messages) < 256:
-                await asyncio.sleep(0.05)
+        async with OutboxWatch(store) as outbox:
+            while True:
+                try:
+                    messages = await store.take_outbox(None, _RELAY_BATCH)
+                    for message in messages:
+                        await transport.publish(message.queue, message.body)
+                    await store.ack_outbox([m.id for m in messages])
+                except Exception as error:  # store or broker down: one line, then backing off
+                    self._relaying.failed(error)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, _REACH_RETRY_MAX_S)
+                    continue
+                self._relaying.recovered()
+                backoff = 0.05
+                if len(messages) < _RELAY_BATCH:
+                    await outbox.written()
 
 
 def _metrics(settings: WorkerSettings, given: Metrics | None) -> Metrics | None:

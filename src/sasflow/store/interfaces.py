@@ -240,6 +240,13 @@ class RelayStore(Protocol):
         """Forget status messages once they are published."""
         ...
 
+    async def watch_outbox(self, written: Callable[[], None]) -> None:
+        """Call `written()` (on this loop) whenever a commit, by any process, may have
+        written status messages, until cancelled; and once as it starts listening
+        (again), for what came meanwhile. A hint, never the truth: a reader takes the
+        outbox when told, and still now and then (outbox.py)."""
+        ...
+
 
 class DeadLetterStore(Protocol):
     """The in-process transport's dead letters (R3): its queues die with the process,

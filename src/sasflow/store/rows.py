@@ -42,7 +42,8 @@ from sasflow.workflow import workflow_version
 __all__ = ["Row", "Table", "alert_from_row", "attach_steps", "check_legal",
            "claim_transition", "claimed_at_submission", "history_entries", "implied_rows",
            "incident_params",
-           "instance_from_row", "instance_params", "letter_from_row", "letter_params", "status_row",
+           "instance_from_row", "instance_params", "letter_from_row", "letter_params",
+           "reports_status", "status_row",
            "submission_rows", "task_from_row", "task_values", "unit_row", "versions_of"]
 
 # The table an implied row goes to ("drop": the step rows past a shorter shape's end)
@@ -232,6 +233,14 @@ def history_entries(row: Mapping[str, Any]) -> Iterator[HistoryEntry]:
 
 _ENTRY_FIELDS = ("task_id", "step", "phase", "at", "actor", "epoch", "from_state",
                  "to_state", "why")
+
+
+def reports_status(write: Transition | NewTask) -> bool:
+    """Whether writing it writes status messages (outbox rows: E11), so that the
+    outbox's readers are to be told (RelayStore.watch_outbox)."""
+    if isinstance(write, NewTask):
+        return bool(write.reply_to)  # "received"
+    return bool(write.reply_to and write.events)
 
 
 def implied_rows(t: Transition, now: float) -> Iterator[tuple[Table, Row]]:

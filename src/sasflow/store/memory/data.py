@@ -62,6 +62,8 @@ class Data:
         # watchers: (callback, its loop), told when work becomes claimable
         self.watchers: list[tuple[Callable[[float], None], asyncio.AbstractEventLoop]] = []
         self.finished: list[Callable[[str], None]] = []  # told when a task ends
+        # told when a status message is written: (callback, its loop)
+        self.outbox_watchers: list[tuple[Callable[[], None], asyncio.AbstractEventLoop]] = []
 
 
 

@@ -4,10 +4,12 @@ one transaction."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Collection
 
 import msgspec
 
+from sasflow.loop_calls import tell
 from sasflow.model import UNFINISHED_TASK_STATES, Task
 from sasflow.store.interfaces import OUTBOX_LEASE_S
 from sasflow.store.memory.data import Data, Lease, Outbox
@@ -129,8 +131,24 @@ class Tables:
 
     # ------------------------------------------------------------ outbox (E11)
     def _add_outbox(self, queue: str, body: bytes) -> None:
+        """(Under the data's lock.) Its watchers are told soon, never in the middle of
+        the write: `tell` only queues the call on their loop."""
         message_id = next(self._data.ids)
         self._data.outbox[message_id] = Outbox(message_id, queue, body)
+        for written, loop in self._data.outbox_watchers:
+            tell(loop, written)
+
+    async def watch_outbox(self, written: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        entry = (written, loop)
+        with self._data.lock:
+            self._data.outbox_watchers.append(entry)
+        written()  # for what came before it listened
+        try:
+            await loop.create_future()  # until cancelled
+        finally:
+            with self._data.lock:
+                self._data.outbox_watchers.remove(entry)
 
     async def take_outbox(self, queues: Collection[str] | None, limit: int
                           ) -> list[OutboxMessage]:

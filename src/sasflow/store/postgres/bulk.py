@@ -6,7 +6,8 @@ fences, creates the submitted tasks, writes the rows implied by what applied and
 NOTIFYs idle schedulers of work released or submitted; it answers the tasks it
 ended, which a statement of its own tells waiting clients once that one committed
 (`tell_finished`, notify_finished; the store sends it beside its writers,
-wake.FinishedNotices).
+wake.CommitNotices), and whether it wrote status messages, told the outbox's
+readers the same way (`tell_statuses`, notify_outbox).
 Each kind of row travels as ONE parameter, a JSON array of row arrays in the
 column order of columns.py (msgspec encodes it in C, where psycopg would adapt
 arrays value by value in Python). One statement is a
@@ -31,6 +32,7 @@ from __future__ import annotations
 import operator
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -41,11 +43,19 @@ from sasflow.errors import TaskConflictError
 from sasflow.model import claimable, terminal
 from sasflow.store import columns, queries
 from sasflow.store.records import NewTask
-from sasflow.store.rows import Row, Table, implied_rows, submission_rows, task_values
+from sasflow.store.rows import (
+    Row,
+    Table,
+    implied_rows,
+    reports_status,
+    submission_rows,
+    task_values,
+)
 from sasflow.transition import Transition, written_at
 
-__all__ = ["Claimed", "Outcome", "Write", "insert_sync", "needs_transaction", "new_token",
-           "notice_parts", "tell_finished", "write_batch", "written"]
+__all__ = ["Claimed", "Notices", "Outcome", "Write", "insert_sync", "needs_transaction",
+           "new_token", "notice_parts", "tell_finished", "tell_statuses", "write_batch",
+           "written"]
 
 
 class Claimed(msgspec.Struct, frozen=True):
@@ -61,6 +71,17 @@ class Claimed(msgspec.Struct, frozen=True):
 
 
 Write = Transition | NewTask | Claimed
+
+
+@dataclass
+class Notices:
+    """What a batch has to tell other processes once it committed (wake.CommitNotices)."""
+
+    ended: list[str] = field(default_factory=list)  # the tasks it ended
+    statuses: bool = False  # whether it wrote status messages (outbox rows)
+
+    def __bool__(self) -> bool:
+        return bool(self.ended) or self.statuses
 
 
 def _new(write: NewTask | Claimed) -> NewTask:
@@ -173,16 +194,17 @@ def _add_transitions(rows: _Rows, transitions: Sequence[Transition], now: float,
 
 
 async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write],
-                      token: int, now: float, *, ended: list[str] | None = None
+                      token: int, now: float, *, notices: Notices | None = None
                       ) -> list[Outcome]:
     """Write `batch` in the caller's transaction; what became of each write, in order.
 
     The caller keeps one write per task in a batch; the statement locks the
     batch's task rows in task-id order, so two batches never deadlock.
 
-    The ids of the tasks it ended go to `ended`, for the caller to tell once the
-    write committed (`tell_finished`); without `ended` they are told here, in the
-    caller's transaction, so with its commit or not at all.
+    The ids of the tasks it ended, and whether it wrote status messages, go to
+    `notices`, for the caller to tell once the write committed; without `notices`
+    they are told here, in the caller's transaction, so with its commit or not at
+    all.
     """
     outcomes: list[Outcome] = [False] * len(batch)
     index = {write.task_id: i for i, write in enumerate(batch)}
@@ -209,11 +231,15 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
                 drops.add("drops", row)
         if drops.rows["drops"]:
             await cur.execute(_Q["drop_steps"], drops.params("drops"))
-    finished = answer.get("finished") or []
-    if ended is None:
-        await tell_finished(conn, finished)
+    # (a claimed submission reports "received" as any with a reply_to)
+    told = Notices(ended=answer.get("finished") or [], statuses=any(
+        outcome is True and reports_status(_new(write) if isinstance(write, Claimed) else write)
+        for write, outcome in zip(batch, outcomes, strict=True)))
+    if notices is None:
+        await tell(conn, told)
     else:
-        ended.extend(finished)
+        notices.ended.extend(told.ended)
+        notices.statuses |= told.statuses
     return outcomes
 
 
@@ -236,6 +262,18 @@ async def _write(conn: psycopg.AsyncConnection[Any], rows: _Rows,
             answer = await cur.fetchone()
     assert answer is not None
     return answer
+
+
+async def tell(conn: psycopg.AsyncConnection[Any], notices: Notices) -> None:
+    """Send `notices` on `conn`."""
+    await tell_finished(conn, notices.ended)
+    if notices.statuses:
+        await tell_statuses(conn)
+
+
+async def tell_statuses(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Tell the outbox's readers, in every process, that status messages were written."""
+    await conn.execute(_Q["notify_outbox"])
 
 
 async def tell_finished(conn: psycopg.AsyncConnection[Any], task_ids: Sequence[str]) -> None:
@@ -287,5 +325,7 @@ def insert_sync(conn: psycopg.Connection[Any], write: NewTask | Claimed, now: fl
             if isinstance(outcome, TaskConflictError):
                 raise outcome
             return False
+        if reports_status(task):  # heard at the caller's commit, or never
+            cur.execute(_Q["notify_outbox"])
     return True
 

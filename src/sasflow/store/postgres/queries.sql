@@ -39,6 +39,11 @@ LISTEN sasflow_work
 -- tasks a commit ended, one per line.
 LISTEN sasflow_finished
 
+-- name: listen_outbox
+-- Outbox relays and status streams LISTEN here (wake.py listen_for_statuses): a
+-- commit wrote status messages (E11).
+LISTEN sasflow_outbox
+
 -- name: select_task_identities
 SELECT task_id, workflow, input FROM tasks WHERE task_id = ANY(:task_ids)
 
@@ -283,6 +288,10 @@ SELECT {applied_answer}, {created_answer}
 -- statement that writes nothing it holds it for a moment. A batch whose answer is
 -- lost tells no one: waiting clients poll too.
 SELECT pg_notify('sasflow_finished', :ids)
+
+-- name: notify_outbox
+-- A committed batch wrote status messages: sent after it as notify_finished is.
+SELECT pg_notify('sasflow_outbox', '')
 
 -- name: drop_steps
 -- What a rare transition also needs, once it is known that it applied: a migration

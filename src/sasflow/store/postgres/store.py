@@ -14,7 +14,8 @@ maintained by the author of psycopg2.
   commit's answer was lost is found again by its token, so no write is lost or
   applied twice by a restart.
 * wake-ups (wake.py): work made claimable NOTIFYs in its transaction, heard by
-  `watch`; a batch that ends tasks NOTIFYs their ids, heard by `on_finished`.
+  `watch`; a batch that ends tasks NOTIFYs their ids, heard by `on_finished`,
+  and one that wrote status messages says so, heard by `watch_outbox`.
 * connections, faults and the database's clock: connections.py.
 
 Times are seconds since the epoch (double precision) so the planner is the same
@@ -42,6 +43,7 @@ from sasflow.store.interfaces import ClaimRule
 from sasflow.store.postgres.backoff import Backoff
 from sasflow.store.postgres.bulk import (
     Claimed,
+    Notices,
     Outcome,
     Write,
     insert_sync,
@@ -60,7 +62,12 @@ from sasflow.store.postgres.reads import (
     tasks_of_rows,
     tasks_with_steps,
 )
-from sasflow.store.postgres.wake import FinishedListener, FinishedNotices, listen_for_work
+from sasflow.store.postgres.wake import (
+    CommitNotices,
+    FinishedListener,
+    listen_for_statuses,
+    listen_for_work,
+)
 from sasflow.store.records import NewTask
 from sasflow.store.rows import (
     Row,
@@ -93,7 +100,7 @@ class PostgresStore(SQLStore):
             self._db.reconnect_for = reconnect_for
         self.conninfo = conninfo
         self._commit: GroupCommit[Write, bool] | None = None
-        self._notices = FinishedNotices(self._db)
+        self._notices = CommitNotices(self._db)
         self._reads: ReadBatch | None = None
         self._finished = FinishedListener(conninfo, self._db.connect_timeout())
         self._guests = GuestReads(
@@ -200,16 +207,17 @@ class PostgresStore(SQLStore):
 
     async def _write_once(self, batch: Sequence[Write], token: int, backoff: Backoff
                           ) -> list[Outcome]:
-        ended: list[str] = []
+        notices = Notices()
 
         async def job(conn: psycopg.AsyncConnection[Any]) -> list[Outcome]:
-            ended.clear()  # (run again after a conflict)
-            return await write_batch(conn, batch, token, self.now(), ended=ended)
+            nonlocal notices
+            notices = Notices()  # (run again after a conflict)
+            return await write_batch(conn, batch, token, self.now(), notices=notices)
 
         outcomes = await self._db.run(job, transaction=needs_transaction(batch),
                                       lost="raise", backoff=backoff)
-        if ended:
-            self._notices.tell(ended)
+        if notices:
+            self._notices.tell(notices)
         if self._db.plans.due(len(batch)):
             await self._db.replan()
         return outcomes
@@ -360,6 +368,9 @@ class PostgresStore(SQLStore):
 
     async def watch(self, wake: Callable[[float], None]) -> None:
         await listen_for_work(self.conninfo, self._db, wake)
+
+    async def watch_outbox(self, written: Callable[[], None]) -> None:
+        await listen_for_statuses(self.conninfo, self._db, written)
 
     def closes_on(self, loop: asyncio.AbstractEventLoop) -> bool:
         # the pool lives on the loop that first used it, and is closed there

@@ -3,12 +3,15 @@ commit and never on rollback, so a listener hears only what happened.
 
 * ``sasflow_work``: whatever makes work claimable NOTIFYs, in its statement, when
   the work becomes claimable (bulk.py); `listen_for_work` wakes idle schedulers.
-* ``sasflow_finished``: once a batch that ends tasks committed, `FinishedNotices`
+* ``sasflow_finished``: once a batch that ends tasks committed, `CommitNotices`
   NOTIFYs their ids, one per line, in payloads under PostgreSQL's 8000-byte limit
   (bulk.py, queries.sql notify_finished: not in the batch's own transaction,
   where the notify lock would be held through its WAL flush), beside the writers
   rather than in their way; `FinishedListener` tells a client's waiters, in
   whatever process they are.
+* ``sasflow_outbox``: once a batch that wrote status messages committed,
+  `CommitNotices` NOTIFYs it too; `listen_for_statuses` wakes the outbox's
+  readers (outbox.py), which took it every 50 ms before, a write each time.
 
 A channel is the database's, not a schema's: stores of other schemas of the same
 database may be heard too, and a listener treats what it hears as a hint to read
@@ -22,14 +25,15 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
 from sasflow.store import queries
-from sasflow.store.postgres.bulk import tell_finished
+from sasflow.store.postgres.bulk import Notices, tell_finished, tell_statuses
 from sasflow.store.postgres.connections import Connections
 
-__all__ = ["FinishedListener", "FinishedNotices", "listen_for_work"]
+__all__ = ["CommitNotices", "FinishedListener", "listen_for_statuses", "listen_for_work"]
 
 log = logging.getLogger("sasflow.store.postgres")
 
@@ -46,19 +50,36 @@ async def listen_for_work(conninfo: str, db: Connections, wake: Callable[[float]
     at commit. After (re)connecting it calls `wake(now)` once, for what may have
     been missed meanwhile.
     """
+    def heard(payload: str | None) -> None:
+        try:
+            wake(db.now() if payload is None else float(payload))
+        except ValueError:  # not one of ours
+            wake(db.now())
+
+    await _listen(conninfo, db, "listen_work", heard)
+
+
+async def listen_for_statuses(conninfo: str, db: Connections, written: Callable[[], None]
+                              ) -> None:
+    """Call `written()` whenever a commit wrote status messages, until cancelled, and
+    once after each (re)connection."""
+    await _listen(conninfo, db, "listen_outbox", lambda _: written())
+
+
+async def _listen(conninfo: str, db: Connections, statement: str,
+                  heard: Callable[[str | None], None]) -> None:
+    """LISTEN on a connection of its own: `heard(payload)` for each notice, and
+    `heard(None)` after each (re)connection, for what may have been missed meanwhile."""
     backoff = db.backoff(float("inf"))
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-                await conn.execute(_Q["listen_work"])
+                await conn.execute(_Q[statement])
                 backoff = db.backoff(float("inf"))
                 db.outage.recovered()
-                wake(db.now())
+                heard(None)
                 async for notice in conn.notifies():
-                    try:
-                        wake(float(notice.payload))
-                    except ValueError:  # not one of ours
-                        wake(db.now())
+                    heard(notice.payload)
         except psycopg.OperationalError as error:
             await backoff.wait(error)
 
@@ -130,20 +151,22 @@ class FinishedListener:
                 finished(task_id)
 
 
-class FinishedNotices:
-    """Tells the waiting clients of other processes which tasks ended, once their
-    write committed, without holding up the writer: the NOTIFY is a round trip of
-    its own (0.3-0.4 ms of a single task's latency when the writer waited for it,
+class CommitNotices:
+    """Tells the waiting clients of other processes which tasks ended, and the
+    outbox's readers that status messages were written, once the write committed,
+    without holding up the writer: the NOTIFY is a round trip of its own (0.3-0.4
+    ms of a single task's latency when the writer waited for it,
     docs/benchmarks.md), and this process's own waiters are told as each write
-    returns (signals.py). A notice that fails is lost; waiting clients poll too."""
+    returns (signals.py). A notice that fails is lost; waiting clients poll too,
+    and the outbox's readers look now and then."""
 
     def __init__(self, db: Connections) -> None:
         self._db = db
         self._sending: set[asyncio.Task[None]] = set()
 
-    def tell(self, task_ids: list[str]) -> None:
-        """Send the notice of `task_ids` on a connection of the pool (on its home loop)."""
-        notice = asyncio.get_running_loop().create_task(self._send(task_ids))
+    def tell(self, notices: Notices) -> None:
+        """Send `notices` on a connection of the pool (on its home loop)."""
+        notice = asyncio.get_running_loop().create_task(self._send(notices))
         self._sending.add(notice)
         notice.add_done_callback(self._sending.discard)
 
@@ -152,9 +175,14 @@ class FinishedNotices:
         here = asyncio.get_running_loop()
         await asyncio.gather(*(notice for notice in self._sending if notice.get_loop() is here))
 
-    async def _send(self, task_ids: list[str]) -> None:
+    async def _send(self, notices: Notices) -> None:
+        async def send(conn: psycopg.AsyncConnection[Any]) -> None:
+            await tell_finished(conn, notices.ended)
+            if notices.statuses:
+                await tell_statuses(conn)
+
         try:
-            await self._db.run(lambda conn: tell_finished(conn, task_ids), transaction=False,
-                               lost="raise")
+            await self._db.run(send, transaction=False, lost="raise")
         except Exception as error:
-            log.debug("%d ended task(s) not told: %s", len(task_ids), error)
+            log.debug("%d ended task(s) (and status messages: %s) not told: %s",
+                      len(notices.ended), notices.statuses, error)

@@ -38,6 +38,7 @@ from sasflow.store.rows import (
     attach_steps,
     claim_transition,
     claimed_at_submission,
+    reports_status,
     task_from_row,
 )
 from sasflow.store.sql_store import SQLStore, Statement
@@ -164,6 +165,8 @@ class SQLiteStore(SQLStore):
         def tell(created: bool) -> None:
             if created:
                 self._wake.work(self.now())
+                if reports_status(task):
+                    self._wake.outbox()
 
         new = writes.submission(task, self.now())
         return await self._writer.run(lambda conn: writes.insert(conn, new),
@@ -181,7 +184,11 @@ class SQLiteStore(SQLStore):
         def job(conn: sqlite3.Connection) -> Task | None:
             return claimed if writes.insert(conn, new) else None
 
-        return await self._writer.run(job)
+        def tell(created: Task | None) -> None:
+            if created is not None and reports_status(task):
+                self._wake.outbox()
+
+        return await self._writer.run(job, then=tell)
 
     def submit_in(self, connection: sqlite3.Connection, task: NewTask) -> bool:
         """Write the task with the caller's connection, in the caller's transaction (E1)."""
@@ -223,7 +230,10 @@ class SQLiteStore(SQLStore):
         if not self._reading(probe):  # nothing to do: no write lock at all
             return []
 
+        wrote_statuses = False
+
         def job(conn: sqlite3.Connection) -> list[Task]:
+            nonlocal wrote_statuses
             self._deferred.flush(conn)  # read what earlier jobs of this batch wrote
             now = self.now()
             rows = [row for shape in shapes for row in conn.execute(
@@ -236,9 +246,14 @@ class SQLiteStore(SQLStore):
                 if planned is not None and writes.apply(conn, planned[0], now,
                                                         self._deferred):
                     claimed.append(planned[1])
+                    wrote_statuses |= reports_status(planned[0])
             return claimed
 
-        return await self._writer.run(job)
+        def tell(_: list[Task]) -> None:
+            if wrote_statuses:
+                self._wake.outbox()
+
+        return await self._writer.run(job, then=tell)
 
     async def apply(self, transition: Transition) -> bool:
         def tell(applied: bool) -> None:
@@ -255,6 +270,8 @@ class SQLiteStore(SQLStore):
             self._wake.finished(transition.task_id)
         elif claimable(transition.state, transition.locked_by):
             self._wake.work(transition.available_at)
+        if reports_status(transition):
+            self._wake.outbox()
 
     # ------------------------------------------------------------ wake-ups
     async def watch(self, wake: Callable[[float], None]) -> None:
@@ -271,6 +288,18 @@ class SQLiteStore(SQLStore):
             while True:
                 await asyncio.sleep(_LOOK_EVERY)
                 wake(self.now())
+        finally:
+            stop()
+
+    async def watch_outbox(self, written: Callable[[], None]) -> None:
+        """Call `written()` when any process sharing the file, this one included, wrote
+        status messages (wake.py). A submission in a caller's own transaction (E1)
+        commits where the store cannot see it: the reader's own look finds it."""
+        loop = asyncio.get_running_loop()
+        stop = self._wake.on_outbox(lambda: tell(loop, written))
+        written()  # for what came before it listened
+        try:
+            await loop.create_future()  # until cancelled
         finally:
             stop()
 

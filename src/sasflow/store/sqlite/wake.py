@@ -16,7 +16,9 @@ processes of one user hear each other; another user's processes on the same
 file fall back to polling.
 
 Messages: ``w<at>`` work is claimable from `at` (store clock);
-``f<task id>`` a task reached a terminal state.
+``f<task id>`` a task reached a terminal state; ``o`` status messages were
+written to the outbox. The last is told to this process's own listeners too:
+an outbox relay or status stream waits for it whichever process wrote.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ __all__ = ["WakeChannel"]
 
 log = logging.getLogger("sasflow.store")
 
-_WORK, _FINISHED = b"w", b"f"
+_WORK, _FINISHED, _OUTBOX = b"w", b"f", b"o"
 _MAX_DATAGRAM = 4096
 
 
@@ -52,8 +54,9 @@ class WakeChannel:
         self._sender: socket.socket | None = None
         self._peers: list[str] = []
         self._peers_seen: float | None = None  # the directory's mtime when listed
-        self._work: list[Callable[[float], None]] = []
-        self._finished: list[Callable[[str], None]] = []
+        self._work: list[Callable[[float], object]] = []
+        self._finished: list[Callable[[str], object]] = []
+        self._outbox: list[Callable[[], object]] = []
         self._receiver: threading.Thread | None = None
         self._closed = False
 
@@ -68,7 +71,12 @@ class WakeChannel:
         ended a task; returns the unsubscribe."""
         return self._subscribe(self._finished, finished)
 
-    def _subscribe(self, into: list[Callable[..., None]], callback: Callable[..., None]
+    def on_outbox(self, written: Callable[[], object]) -> Callable[[], None]:
+        """Call `written()` (from the channel's thread, or the writer's) when any
+        process, this one included, wrote status messages; returns the unsubscribe."""
+        return self._subscribe(self._outbox, written)
+
+    def _subscribe(self, into: list[Callable[..., object]], callback: Callable[..., object]
                    ) -> Callable[[], None]:
         with self._lock:
             into.append(callback)
@@ -125,6 +133,8 @@ class WakeChannel:
                 elif kind == _FINISHED:
                     for done in finished:
                         done(body)
+                elif kind == _OUTBOX:
+                    self._tell_outbox_here()
             except Exception:  # a listener's fault must not stop the channel hearing
                 log.exception("a wake-up listener failed")
 
@@ -136,6 +146,17 @@ class WakeChannel:
     def finished(self, task_id: str) -> None:
         """Tell the other processes that `task_id` reached a terminal state."""
         self._tell(_FINISHED + task_id.encode())
+
+    def outbox(self) -> None:
+        """Tell every process, this one included, that status messages were written."""
+        self._tell_outbox_here()
+        self._tell(_OUTBOX)
+
+    def _tell_outbox_here(self) -> None:
+        with self._lock:
+            listeners = list(self._outbox)
+        for written in listeners:
+            written()
 
     def _tell(self, message: bytes) -> None:
         peers = self._current_peers()
