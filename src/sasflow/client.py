@@ -43,7 +43,7 @@ from sasflow.status_stream import Listening, statuses
 from sasflow.store.interfaces import ClaimRule, Store
 from sasflow.store.listing import TaskQuery, decode_cursor
 from sasflow.store.records import Alert, HistoryEntry, Instance, NewTask
-from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Transport
+from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Transport, check_reply_to
 from sasflow.twins import blocking as _blocking
 
 __all__ = ["Client", "Migration", "new_task_id"]
@@ -125,9 +125,8 @@ class Client(Operations):
                 not task_id.isprintable()):
             raise PayloadError(f"task id must be 1-{_MAX_TASK_ID} printable characters,"
                                f" got {task_id!r}")
-        if reply_to is not None and (not isinstance(reply_to, str) or not reply_to
-                                     or not reply_to.isprintable()):
-            raise PayloadError(f"reply_to must be a queue name, got {reply_to!r}")
+        if reply_to is not None:
+            check_reply_to(self._transport, reply_to, task_id)
         try:
             body = encode_json_value(input)
         except TypeError as error:

@@ -12,6 +12,7 @@
     │   └── InvalidTransitionError  an operator action the task's state does not allow
     ├── StoreError                the operator: the state store is unreachable or corrupt
     ├── TransportError            the operator: the message transport failed
+    │   └── MessageRefused        ... or refuses this one message for good (a dead letter)
     ├── WaitTimeout               `wait` gave up before the task ended
     └── PermanentError            raised BY AGENT CODE: a nontransient fault, no retry (S6)
 
@@ -25,6 +26,7 @@ __all__ = [
     "ConfigurationError",
     "InputError",
     "InvalidTransitionError",
+    "MessageRefused",
     "MissingExtraError",
     "PayloadError",
     "PermanentError",
@@ -98,6 +100,12 @@ class StoreError(SasflowError):
 
 class TransportError(SasflowError):
     """The message transport could not deliver."""
+
+
+class MessageRefused(TransportError):
+    """The transport refuses this message for good: a queue name its broker cannot
+    have, a body over its limit. Sending it again cannot help, unlike a broker
+    that is down; whoever holds it gives it up (to the dead letters) and goes on."""
 
 
 class WaitTimeout(SasflowError, TimeoutError):

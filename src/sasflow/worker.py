@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from sasflow.agent import AgentFunction, AgentRuntime
 from sasflow.alert_delivery import AlertDeliverer
 from sasflow.declarations import plans_for
-from sasflow.errors import ConfigurationError
+from sasflow.errors import ConfigurationError, MessageRefused
 from sasflow.handover import NO_WAITERS, Waiters
 from sasflow.logs import log_context
 from sasflow.outage import Outage
@@ -48,10 +48,11 @@ from sasflow.outbox import OutboxWatch
 from sasflow.scheduler import Scheduler
 from sasflow.sd_notify import notify
 from sasflow.store.interfaces import Store
-from sasflow.store.records import Alert, Instance
+from sasflow.store.records import Alert, Instance, OutboxMessage
 from sasflow.supervisor import Supervisor
 from sasflow.transition import Transition
 from sasflow.transport.base import Transport, agent_queue, reply_queue
+from sasflow.transport.dead_letter import letter_for, log_dead_letter
 from sasflow.webhooks import Webhooks, configured_webhooks
 from sasflow.workflow import Workflow
 
@@ -276,14 +277,14 @@ class Worker:
     async def _relay(self) -> None:
         """Publish outbox status messages (at least once: acked after publishing),
         taken when a commit wrote some (outbox.py)."""
-        store, transport = self.store, self.transport
+        store = self.store
         backoff = 0.05
         async with OutboxWatch(store) as outbox:
             while True:
                 try:
                     messages = await store.take_outbox(None, _RELAY_BATCH)
                     for message in messages:
-                        await transport.publish(message.queue, message.body)
+                        await self._publish_status(message)
                     await store.ack_outbox([m.id for m in messages])
                 except Exception as error:  # store or broker down: one line, then backing off
                     self._relaying.failed(error)
@@ -294,6 +295,18 @@ class Worker:
                 backoff = 0.05
                 if len(messages) < _RELAY_BATCH:
                     await outbox.written()
+
+
+    async def _publish_status(self, message: OutboxMessage) -> None:
+        """Publish one status message. One the transport refuses for good (a queue
+        name its broker cannot have) goes to the dead letters, logged once (R3), and
+        the messages after it go on: retried, it would hold them all back forever."""
+        try:
+            await self.transport.publish(message.queue, message.body)
+        except MessageRefused as refused:
+            letter = letter_for(message.queue, message.body, refused)
+            await self.transport.keep_dead_letter(letter)
+            log_dead_letter(log, letter)
 
 
 def _metrics(settings: WorkerSettings, given: Metrics | None) -> Metrics | None:

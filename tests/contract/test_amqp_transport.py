@@ -276,6 +276,53 @@ async def test_a_malformed_bundle_is_dead_lettered_at_once_and_consuming_goes_on
         await channel.close()
 
 
+async def test_a_consumer_stopped_while_dead_lettering_finishes_first(
+        transports: Callable[..., Transport], own_queue: str,
+        broker: AbstractRobustConnection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer stopped while a message's dead letter is on its way to the broker
+    sends it, then acks the message, before its channel closes. Cancelled with the
+    consumer instead, the letter was never sent (or, confirmed, never logged) and the
+    unacked message went back to the queue, to be dead-lettered again."""
+    dead_letters = f"amqp-test.{uuid.uuid4().hex[:12]}.dead-letters"
+    transport = transports(f"{URL}&dead_letters={dead_letters}")
+    assert isinstance(transport, amqp.AmqpTransport)
+    await transport.publish(own_queue, b"declares the queue")
+    reached, release = asyncio.Event(), asyncio.Event()
+    confirmed = transport._confirmed
+
+    async def held(queue: str, message: aio_pika.Message, *, to_dead_letters: bool) -> None:
+        if to_dead_letters:
+            reached.set()
+            await release.wait()
+        await confirmed(queue, message, to_dead_letters=to_dead_letters)
+
+    monkeypatch.setattr(transport, "_confirmed", held)
+    channel = await broker.channel()
+    await channel.default_exchange.publish(
+        aio_pika.Message(b"\xc1 not msgpack", content_type=BUNDLE_TYPE,
+                         delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+        routing_key=own_queue)
+    try:
+        consumer = asyncio.create_task(transport.consume(own_queue, _ignore, prefetch=4))
+        async with asyncio.timeout(HANG_GUARD):
+            await reached.wait()
+        consumer.cancel()
+        release.set()  # while the consumer stops
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        assert [(d.queue, d.body) for d in await transport.dead_letters()] == [
+            (own_queue, b"\xc1 not msgpack")]
+        assert await message_count(broker, own_queue) == 0  # acked: not back in the queue
+    finally:
+        await channel.queue_delete(dead_letters)
+        await channel.exchange_delete(dead_letters)
+        await channel.close()
+
+
+async def _ignore(body: bytes) -> None:
+    pass
+
+
 async def test_publish_returns_only_once_the_broker_confirmed(
         transports: Callable[..., Transport], proxy: FaultProxy, queue: str,
         broker: AbstractRobustConnection) -> None:

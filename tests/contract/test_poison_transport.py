@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from sasflow import AgentRequest, App, Step, TaskState
+from sasflow import AgentRequest, App, PayloadError, Step, TaskState, UnknownTaskError
 from sasflow.transport import DeadLetter, agent_queue, reply_queue
+from sasflow.transport.amqp import AmqpTransport
 from support.services import RABBITMQ, REDIS, require
 
 INSTANCE = "poison-worker"
@@ -192,3 +193,65 @@ async def test_a_malformed_status_message_does_not_end_listening(
     assert letters[queue].reason.startswith("MalformedMessage: not a status message")
     assert letters[queue].body == b"<status>not json</status>"
     await warned_once(caplog, queue)
+
+
+@pytest.mark.parametrize("running", ["rabbitmq", "redis"], indirect=True)
+async def test_a_status_message_the_broker_refuses_is_dead_lettered_and_the_rest_go_on(
+        running: Running, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The relay's one bad message (R3): outbox rows the broker refuses for good (a body
+    over the transport's limit; on RabbitMQ a queue name beginning 'amq.' too, written
+    by hand as a release before this one could have) each go to the dead letters,
+    logged once, and the statuses written after them reach their application. Sent
+    again instead, each would hold back the rows taken with it until their lease ends."""
+    caplog.set_level(logging.INFO)
+    app = running.app
+    run = uuid.uuid4().hex[:8]
+    refused = {f"big-{run}": b"x" * (app._transport.max_message_bytes + 1)}
+    if isinstance(app._transport, AmqpTransport):
+        refused[f"amq.poison-{run}"] = b'{"event": "processed"}'
+    with contextlib.closing(sqlite3.connect(tmp_path / "poison.db")) as db, db:
+        db.executemany("INSERT INTO outbox (queue, body, created_at) VALUES (?, ?, 0)",
+                       list(refused.items()))
+    queue = f"shop-{run}"
+    listening = app.alisten(queue)
+    task_id = await app.asubmit("echo", {"n": 4}, reply_to=queue)
+    events = []
+    async with asyncio.timeout(30), contextlib.aclosing(listening) as statuses:
+        async for status in statuses:
+            assert status.task_id == task_id
+            events.append(status.event)
+            if status.event == "processed":
+                break
+    assert events[0] == "received" and events[-1] == "processed"
+    letters = await dead_letters_of(app, set(refused))
+    for name, body in refused.items():
+        assert letters[name].body == body
+        assert letters[name].reason.startswith("MessageRefused: ")
+        await warned_once(caplog, name)
+
+
+@pytest.mark.parametrize("reply_to, why", [
+    ("amq.shop", "names beginning 'amq.' are RabbitMQ's own"),
+    ("s" * 256, "longer than RabbitMQ's 255 bytes"),
+    ("é" * 128, "longer than RabbitMQ's 255 bytes")])
+def test_a_reply_to_the_broker_cannot_have_is_refused_at_submission(
+        reply_to: str, why: str, tmp_path: Path) -> None:
+    """Bad input, refused in one line before anything is written: a reply_to RabbitMQ
+    would never take (its statuses would have nowhere to go). The transport is not
+    even reached: the names are RabbitMQ's rules, known here."""
+    app = App(store=f"sqlite:///{tmp_path / 'names.db'}",
+              transport="amqp://guest:guest@127.0.0.1:1/")  # never connected to
+
+    @app.agent("echo")
+    async def echo(req: AgentRequest) -> Any:
+        return req.input
+
+    app.workflow("echo", [Step("echo", agent="echo")])
+    try:
+        with pytest.raises(PayloadError, match=why):
+            app.submit("echo", {"n": 1}, task_id="t-1", reply_to=reply_to)
+        with pytest.raises(UnknownTaskError):
+            app.get("t-1")
+        assert app.submit("echo", {"n": 1}, task_id="t-1", reply_to="s" * 255) == "t-1"
+    finally:
+        app.close()

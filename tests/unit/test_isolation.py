@@ -216,6 +216,10 @@ class _Recording:
 
     async def ping(self) -> None: ...
 
+    def check_queue(self, queue: str) -> None: ...
+
+    async def keep_dead_letter(self, letter: DeadLetter) -> None: ...
+
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         return []
 

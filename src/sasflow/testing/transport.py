@@ -30,9 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sasflow.errors import TransportError
 from sasflow.testing.gate import Gate, current_gate
-from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
+from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, refuse_oversized
 from sasflow.transport.dead_letter import (
     DEFAULT_POLICY,
     DeadLetter,
@@ -139,10 +138,7 @@ class SimTransport:
         return queue
 
     async def publish(self, queue: str, body: bytes) -> None:
-        if len(body) > self.max_message_bytes:
-            raise TransportError(
-                f"message of {len(body)} bytes to {queue} is over the limit of"
-                f" {self.max_message_bytes} bytes")
+        refuse_oversized(queue, body, self.max_message_bytes)
         gate = current_gate.get()
         if gate is not None:
             await gate.passage("transport.publish")
@@ -234,6 +230,12 @@ class SimTransport:
                 self._give_back(gate)
 
         asyncio.get_running_loop().call_later(self.unacked_timeout, check)
+
+    def check_queue(self, queue: str) -> None:
+        """Any name will do, as for the in-process queues it stands in for."""
+
+    async def keep_dead_letter(self, letter: DeadLetter) -> None:
+        await self.box.add_dead_letter(letter)
 
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         return await self.box.dead_letters(limit=limit)

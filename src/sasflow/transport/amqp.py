@@ -66,14 +66,24 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 from pamqp.common import FieldTable
 
-from sasflow.errors import ConfigurationError, TransportError
+from sasflow.errors import ConfigurationError, MessageRefused, TransportError
 from sasflow.outage import Outage
 from sasflow.redact import redact, redact_text
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE, Bundler
-from sasflow.transport.amqp_connection import CONNECTION_ERRORS, AmqpConnection, being_cancelled
+from sasflow.transport.amqp_connection import (
+    CONNECTION_ERRORS,
+    REFUSALS,
+    AmqpConnection,
+    being_cancelled,
+)
 from sasflow.transport.amqp_consume import AmqpConsumer
-from sasflow.transport.amqp_dead_letters import DEAD_LETTERS, peek, purge
-from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, carries_bundles
+from sasflow.transport.amqp_dead_letters import DEAD_LETTERS, dead_letter_message, peek, purge
+from sasflow.transport.base import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Handler,
+    carries_bundles,
+    refuse_oversized,
+)
 from sasflow.transport.dead_letter import DeadLetter, DeliveryPolicy, split_policy
 
 __all__ = ["AmqpTransport"]
@@ -84,6 +94,8 @@ log = logging.getLogger("sasflow.transport.amqp")
 _PUBLISH_PATIENCE = 15.0
 # Seconds between reconnection attempts, unless the URL sets reconnect_interval.
 _RECONNECT_INTERVAL = 1.0
+# AMQP carries a queue's name as a short string
+_MAX_QUEUE_NAME_BYTES = 255
 
 
 class AmqpTransport:
@@ -118,8 +130,18 @@ class AmqpTransport:
             self._declared.add(name)
         return exchange
 
+    def check_queue(self, queue: str) -> None:
+        """RabbitMQ's rules for a queue's name: at most 255 bytes, and not its own
+        ``amq.`` prefix (a declaration there is refused, and always will be)."""
+        if len(queue.encode()) > _MAX_QUEUE_NAME_BYTES:
+            raise MessageRefused(f"queue name {queue[:40]!r}... is longer than RabbitMQ's"
+                                 f" {_MAX_QUEUE_NAME_BYTES} bytes")
+        if queue.startswith("amq."):
+            raise MessageRefused(f"queue name {queue!r}: names beginning 'amq.' are"
+                                 " RabbitMQ's own")
+
     async def publish(self, queue: str, body: bytes) -> None:
-        self._refuse_oversized(queue, body)
+        self._refuse(queue, body)
         if carries_bundles(queue):
             await self._bundler.post(queue, body)
         else:
@@ -134,16 +156,15 @@ class AmqpTransport:
         therefore waits for the reply or for this future to fail, whichever comes
         first (scheduler.py), not for the confirm.
         """
-        self._refuse_oversized(queue, body)
+        self._refuse(queue, body)
         if carries_bundles(queue):
             return self._bundler.post(queue, body)
         return asyncio.ensure_future(self._send(queue, body, False))
 
-    def _refuse_oversized(self, queue: str, body: bytes) -> None:
-        if len(body) > self.max_message_bytes:
-            raise TransportError(
-                f"message of {len(body)} bytes to {queue} is over the limit of"
-                f" {self.max_message_bytes} bytes")
+    def _refuse(self, queue: str, body: bytes) -> None:
+        """MessageRefused, before anything is sent, for what RabbitMQ would never take."""
+        self.check_queue(queue)
+        refuse_oversized(queue, body, self.max_message_bytes)
 
     async def _send(self, queue: str, body: bytes, bundle: bool,
                     headers: FieldTable | None = None) -> None:
@@ -188,6 +209,10 @@ class AmqpTransport:
                 redeclared = True
             except aiormq.exceptions.DeliveryError as error:
                 raise TransportError(f"RabbitMQ refused a message to {queue}: {error}") from error
+            except REFUSALS as error:
+                # what the broker says of the queue itself (not permitted, declared with
+                # other arguments): the same on every retry, and not an outage
+                raise MessageRefused(f"RabbitMQ refuses queue {queue}: {error}") from error
             except (*CONNECTION_ERRORS, asyncio.CancelledError) as error:
                 if isinstance(error, asyncio.CancelledError) and being_cancelled():
                     raise
@@ -208,6 +233,9 @@ class AmqpTransport:
                            consumed=self._consumed).run()
 
     # ------------------------------------------------------------ dead letters (R3)
+    async def keep_dead_letter(self, letter: DeadLetter) -> None:
+        await self._confirmed(letter.queue, dead_letter_message(letter), to_dead_letters=True)
+
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         return await self._peek(lambda letters: len(letters) >= limit)
 

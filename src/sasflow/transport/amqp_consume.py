@@ -66,6 +66,9 @@ class AmqpConsumer:
         self.prefetch = max(1, prefetch)
         self.consumed = consumed  # consumers running in this process, by queue
         self.running: set[asyncio.Task[object]] = set()
+        # messages handled, being settled (dead-lettered, sent again, acked): finished
+        # even if the consumer stops meanwhile (`_settle`)
+        self.settling: set[asyncio.Future[None]] = set()
         # bundles hold several messages each: `prefetch` bounds the handlers running
         self.slots = asyncio.Semaphore(self.prefetch)
         self.channel: AbstractChannel | None = None
@@ -110,6 +113,10 @@ class AmqpConsumer:
                 task.cancel()
             if self.running:
                 await asyncio.gather(*self.running, return_exceptions=True)
+            if self.settling:  # on this channel, which must stay open for their acks
+                _, late = await asyncio.wait(self.settling, timeout=STOP_TIMEOUT)
+                for settle in late:  # (a redelivery's backoff): the broker takes it back
+                    settle.cancel()
             if self.channel is not None:
                 # unacked messages (in flight or prefetched) go back to the queue
                 with contextlib.suppress(Exception):
@@ -142,6 +149,23 @@ class AmqpConsumer:
                 failed = [(message.body, await self._handle(message.body))]
             else:
                 failed = await self._handle_bundle(message.body)
+        finally:
+            self.running.discard(task)
+        if all(error is None for _, error in failed):
+            await self._settle(message, [], before, first_seen)  # the ack alone
+            return
+        # A failure is settled whatever comes. A consumer stopped while a dead letter
+        # was on its way lost the letter's log line and acked nothing (so the message
+        # came back, to be dead-lettered twice); it now waits for what it settles.
+        settle = asyncio.ensure_future(self._settle(message, failed, before, first_seen))
+        self.settling.add(settle)
+        settle.add_done_callback(self.settling.discard)
+        await asyncio.shield(settle)
+
+    async def _settle(self, message: AbstractIncomingMessage,
+                      failed: list[tuple[bytes, Exception | None]], before: int,
+                      first_seen: float) -> None:
+        try:
             settled = await asyncio.gather(*(
                 self._after_failure(body, before + 1, first_seen, error)
                 for body, error in failed if error is not None))
@@ -152,8 +176,6 @@ class AmqpConsumer:
         except CONNECTION_ERRORS as error:
             # the channel is gone: the broker redelivers the unacked message
             log.info("could not settle a message of %s: %r", self.queue, error)
-        finally:
-            self.running.discard(task)
 
     async def _handle_bundle(self, payload: bytes) -> list[tuple[bytes, Exception | None]]:
         """Handle each message of a bundle; each body with its handler's error, if any."""

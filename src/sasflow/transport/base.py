@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from sasflow.errors import MessageRefused, PayloadError
+
 if TYPE_CHECKING:
     from sasflow.transport.dead_letter import DeadLetter
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "Handler", "ImmediateHandler", "Transport", "agent_queue",
-           "carries_bundles", "reply_queue"]
+           "carries_bundles", "check_reply_to", "refuse_oversized", "reply_queue"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 
@@ -59,6 +61,25 @@ def reply_queue(instance_id: str) -> str:
     return f"{_REPLY_PREFIX}{instance_id}"
 
 
+def refuse_oversized(queue: str, body: bytes, limit: int) -> None:
+    """MessageRefused if `body` is over a transport's `limit` (no broker takes it later)."""
+    if len(body) > limit:
+        raise MessageRefused(f"message of {len(body)} bytes to {queue} is over the limit of"
+                             f" {limit} bytes")
+
+
+def check_reply_to(transport: Transport, reply_to: object, task_id: str) -> None:
+    """PayloadError unless `reply_to` names a queue `transport` can have: a name the
+    broker refuses would leave the task's statuses nowhere to go."""
+    if not isinstance(reply_to, str) or not reply_to or not reply_to.isprintable():
+        raise PayloadError(f"reply_to must be a queue name, got {reply_to!r}")
+    try:
+        transport.check_queue(reply_to)
+    except MessageRefused as refused:
+        raise PayloadError(f"reply_to cannot be a queue here: {refused}",
+                           task_id=task_id) from None
+
+
 def carries_bundles(queue: str) -> bool:
     """Whether `queue` is sasflow's own (requests, replies), so that only sasflow reads it.
 
@@ -82,7 +103,18 @@ class Transport(Protocol):
     max_message_bytes: int
 
     async def publish(self, queue: str, body: bytes) -> None:
-        """Send `body` to `queue`; TransportError if it cannot be delivered or is too big."""
+        """Send `body` to `queue`; MessageRefused if this transport can never send it
+        there (over the size limit, a queue name it cannot have), TransportError if it
+        cannot be delivered now."""
+        ...
+
+    def check_queue(self, queue: str) -> None:
+        """MessageRefused if no message can ever be sent to `queue` here."""
+        ...
+
+    async def keep_dead_letter(self, letter: DeadLetter) -> None:
+        """Keep `letter` among the dead letters: a message that could not be sent (an
+        outbox relay's, refused) is kept where those no consumer could handle are."""
         ...
 
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> None:

@@ -19,8 +19,12 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from sasflow.errors import TransportError
-from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, ImmediateHandler
+from sasflow.transport.base import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    Handler,
+    ImmediateHandler,
+    refuse_oversized,
+)
 from sasflow.transport.dead_letter import (
     DEFAULT_POLICY,
     BoxOpener,
@@ -80,11 +84,14 @@ class MemoryTransport:
         return self._box
 
     async def publish(self, queue: str, body: bytes) -> None:
-        if len(body) > self.max_message_bytes:
-            raise TransportError(
-                f"message of {len(body)} bytes to {queue} is over the limit of"
-                f" {self.max_message_bytes} bytes")
+        refuse_oversized(queue, body, self.max_message_bytes)
         self._queue(queue).put_nowait(_Message(body))
+
+    def check_queue(self, queue: str) -> None:
+        """Any name will do for an in-process queue."""
+
+    async def keep_dead_letter(self, letter: DeadLetter) -> None:
+        await self._keep(letter)
 
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> None:
         q = self._queue(queue)
@@ -183,6 +190,10 @@ class MemoryTransport:
     async def _dead_letter(self, queue: str, message: _Message, error: Exception) -> None:
         letter = letter_for(queue, message.body, error, deliveries=message.failures,
                             first_seen=message.first_seen)
+        await self._keep(letter)
+        log_dead_letter(log, letter)
+
+    async def _keep(self, letter: DeadLetter) -> None:
         try:
             await self.box.add_dead_letter(letter)
         except Exception as failure:
@@ -190,7 +201,6 @@ class MemoryTransport:
             log.warning("could not keep dead letter %s (%s); kept in this process only",
                         letter.id, describe(failure))
             await self.stranded.add_dead_letter(letter)
-        log_dead_letter(log, letter)
 
     async def dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         return await self.box.dead_letters(limit=limit)

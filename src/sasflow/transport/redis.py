@@ -66,11 +66,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from sasflow.errors import ConfigurationError, TransportError
 from sasflow.outage import Outage
 from sasflow.redact import redact
-from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler
+from sasflow.transport.base import DEFAULT_MAX_MESSAGE_BYTES, Handler, refuse_oversized
 from sasflow.transport.dead_letter import DeadLetter, policy_from_query
 from sasflow.transport.redis_batch import AutoPipeline
 from sasflow.transport.redis_connection import MAX_CONNECTIONS as MAX_CONNECTIONS
@@ -152,10 +153,7 @@ class RedisTransport:
         return await retrying(op, what, patience)
 
     async def publish(self, queue: str, body: bytes) -> None:
-        if len(body) > self.max_message_bytes:
-            raise TransportError(
-                f"message of {len(body)} bytes to {queue} is over the limit of"
-                f" {self.max_message_bytes} bytes")
+        refuse_oversized(queue, body, self.max_message_bytes)
         key = self._key(queue)
 
         try:
@@ -163,6 +161,9 @@ class RedisTransport:
                                  f"publishing to {queue}")
         except RedisError as exc:
             raise TransportError(f"cannot publish to {queue}: {exc}") from exc
+
+    def check_queue(self, queue: str) -> None:
+        """Any name will do: a stream's key is any string."""
 
     async def consume(self, queue: str, handler: Handler, *, prefetch: int) -> None:
         consumer = f"{self._instance}.{next(self._calls)}"
@@ -183,6 +184,16 @@ class RedisTransport:
             raise
         # Redis reads "5-00" as "5-0": only the id as it gave it names the letter
         return letter(*entries[0]) if entries and text(entries[0][0]) == letter_id else None
+
+    async def keep_dead_letter(self, letter: DeadLetter) -> None:
+        fields: dict[FieldT, EncodableT] = {
+            "queue": letter.queue, "reason": letter.reason, "deliveries": letter.deliveries,
+            "first_seen": letter.first_seen, "at": letter.at, "body": letter.body}
+        try:
+            await self._retrying(lambda: self._redis.xadd(self.dead_letter_key, fields),
+                                 "keeping a dead letter")
+        except RedisError as exc:
+            raise TransportError(f"cannot keep a dead letter of {letter.queue}: {exc}") from exc
 
     async def purge_dead_letters(self) -> int:
         count = await self._reading(lambda: self._purge(keys=[self.dead_letter_key]))

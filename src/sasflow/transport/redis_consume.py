@@ -264,14 +264,21 @@ class StreamConsumer:
         if isinstance(error, MalformedMessage) or transport.policy.exhausted(deliveries):
             body = fields.get(FIELD, repr(fields).encode())
             reason = describe(error)
-            letter_id = await transport._retrying(lambda: transport._bury(
-                keys=[key, transport.dead_letter_key],
-                args=[GROUP, entry_id, queue, reason, deliveries, repr(first_seen), repr(now),
-                      body]), f"dead-lettering a message of {queue}")
-            if letter_id is not None:  # else another consumer had settled it
-                log_dead_letter(log, DeadLetter(
-                    id=text(letter_id), queue=queue, reason=reason, deliveries=deliveries,
-                    first_seen=first_seen, at=now, body=body))
+
+            async def bury() -> None:
+                letter_id = await transport._retrying(lambda: transport._bury(
+                    keys=[key, transport.dead_letter_key],
+                    args=[GROUP, entry_id, queue, reason, deliveries, repr(first_seen),
+                          repr(now), body]), f"dead-lettering a message of {queue}")
+                if letter_id is not None:  # else another consumer had settled it
+                    log_dead_letter(log, DeadLetter(
+                        id=text(letter_id), queue=queue, reason=reason, deliveries=deliveries,
+                        first_seen=first_seen, at=now, body=body))
+
+            # finished even if the consumer stops meanwhile: a letter made is logged
+            burying = asyncio.ensure_future(bury())
+            burying.add_done_callback(_retrieve)
+            await asyncio.shield(burying)
             return
         log.debug("handler for %s raised; delivering again", queue, exc_info=True)
         # pending and kept fresh meanwhile, so a crash now loses nothing
