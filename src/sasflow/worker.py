@@ -177,6 +177,9 @@ class Worker:
             raise ConfigurationError(f"unknown agent(s): {', '.join(missing)}"
                                      f" (declared: {', '.join(agents) or 'none'})")
         instance_id = settings.instance_id or default_instance_id()
+        _check_queues(transport, [reply_queue(instance_id), *(agent_queue(a) for a in served),
+                                  *(agent_queue(step.agent) for workflow in workflows.values()
+                                    for step in workflow.steps)])
         self.store, self.transport = store, transport
         self.roles = frozenset(settings.roles)
         plans = plans_for(workflows, agents)
@@ -307,6 +310,16 @@ class Worker:
             letter = letter_for(message.queue, message.body, refused)
             await self.transport.keep_dead_letter(letter)
             log_dead_letter(log, letter)
+
+
+def _check_queues(transport: Transport, queues: list[str]) -> None:
+    """ConfigurationError, at start, for an agent the transport could never reach (a
+    name too long for RabbitMQ's queues): its every request would be refused."""
+    for queue in dict.fromkeys(queues):
+        try:
+            transport.check_queue(queue)
+        except MessageRefused as refused:
+            raise ConfigurationError(str(refused)) from None
 
 
 def _metrics(settings: WorkerSettings, given: Metrics | None) -> Metrics | None:

@@ -21,7 +21,15 @@ from typing import Any
 
 import pytest
 
-from sasflow import AgentRequest, App, PayloadError, Step, TaskState, UnknownTaskError
+from sasflow import (
+    AgentRequest,
+    App,
+    ConfigurationError,
+    PayloadError,
+    Step,
+    TaskState,
+    UnknownTaskError,
+)
 from sasflow.transport import DeadLetter, agent_queue, reply_queue
 from sasflow.transport.amqp import AmqpTransport
 from support.services import RABBITMQ, REDIS, require
@@ -255,3 +263,40 @@ def test_a_reply_to_the_broker_cannot_have_is_refused_at_submission(
         assert app.submit("echo", {"n": 1}, task_id="t-1", reply_to="s" * 255) == "t-1"
     finally:
         app.close()
+
+
+async def test_an_agent_the_broker_could_never_reach_stops_the_worker_at_start(
+        tmp_path: Path) -> None:
+    """An agent whose queue name RabbitMQ cannot have (over 255 bytes) is a
+    configuration error at the worker's start, in one line, before the broker is
+    reached: running, every request to it would be refused and its tasks would only
+    expire. Over in-process queues the same name is fine."""
+    long_name = "a" * 250
+
+    def app_on(transport: str) -> App:
+        app = App(store=f"sqlite:///{tmp_path / 'far.db'}", transport=transport)
+
+        @app.agent(long_name)
+        async def far(req: AgentRequest) -> Any:
+            return req.input
+
+        app.workflow("far", [Step("one", agent=long_name)])
+        return app
+
+    app = app_on("amqp://guest:guest@127.0.0.1:1/")  # never connected to
+    try:
+        with pytest.raises(ConfigurationError, match="longer than RabbitMQ's 255 bytes"):
+            async with asyncio.timeout(30):
+                await app.arun(instance_id="far-worker")
+    finally:
+        await app.aclose()
+    app = app_on("memory")
+    try:
+        task_id = await app.asubmit("far", {"n": 1})
+        roles = asyncio.create_task(app.arun(instance_id="near-worker"))
+        assert (await app.await_(task_id, timeout=30)).state is TaskState.PROCESSED
+        roles.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await roles
+    finally:
+        await app.aclose()
