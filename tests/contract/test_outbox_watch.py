@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,8 @@ from sasflow.messages import decode_status
 from sasflow.store.records import submitted as submitted_task
 from sasflow.store.rows import reports_status
 from sasflow.transition import applied
-from support.backends import STORES
-from support.services import RABBITMQ, REDIS, require
+from support.backends import APP_TRANSPORTS, STORES, app_transport
+from support.statuses import statuses_until_processed
 from support.stores import PLANS, Clock, StoreFactory, applies, claim_one, new_task
 
 WAIT_S = 30.0  # only ever reached if the word never comes
@@ -103,25 +103,7 @@ def test_only_writes_that_carry_status_messages_report_them() -> None:
     assert not reports_status(msgspec.structs.replace(done, events=[]))
 
 
-def _memory(run: str) -> str:
-    return "memory"
-
-
-def _redis(run: str) -> str:
-    require("redis")
-    return f"{REDIS}?prefix=sasflow-outbox-{run}:"
-
-
-def _rabbitmq(run: str) -> str:
-    require("rabbitmq")
-    return f"{RABBITMQ}?queue_expires=20"
-
-
-TRANSPORTS: dict[str, Callable[[str], str]] = {
-    "memory": _memory, "redis": _redis, "rabbitmq": _rabbitmq}
-
-
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("transport", APP_TRANSPORTS)
 @pytest.mark.parametrize("store", ["postgres", "sqlite"])
 async def test_every_status_reaches_the_application_with_no_look(
         store: str, transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,7 +112,7 @@ async def test_every_status_reaches_the_application_with_no_look(
     the outbox when told; over a broker the worker's relay does, and publishes them."""
     monkeypatch.setattr(outbox_module, "LOOK_S", 3600.0)
     run = uuid.uuid4().hex[:10]
-    app = App(store=STORES[store](tmp_path), transport=TRANSPORTS[transport](run))
+    app = App(store=STORES[store](tmp_path), transport=app_transport(transport, run))
 
     @app.agent(f"echo-{run}")
     async def echo(req: AgentRequest) -> Any:
@@ -142,13 +124,7 @@ async def test_every_status_reaches_the_application_with_no_look(
         queue = f"shop-{run}"
         listening = app.alisten(queue)
         task_id = await app.asubmit("echo", {"n": 1}, reply_to=queue)
-        events = []
-        async with asyncio.timeout(WAIT_S), contextlib.aclosing(listening) as statuses:
-            async for status in statuses:
-                assert status.task_id == task_id
-                events.append((status.event, status.step))
-                if status.event == "processed":
-                    break
+        events = [(s.event, s.step) for s in await statuses_until_processed(listening, task_id)]
         assert events == [("received", None), ("step_completed", "one"),
                           ("step_completed", "two"), ("processed", None)]
     finally:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,27 +32,11 @@ from sasflow import (
 )
 from sasflow.transport import DeadLetter, agent_queue, reply_queue
 from sasflow.transport.amqp import AmqpTransport
-from support.services import RABBITMQ, REDIS, require
+from support.backends import APP_TRANSPORTS, app_transport, dead_letter_name
+from support.services import RABBITMQ
+from support.statuses import statuses_until_processed
 
 INSTANCE = "poison-worker"
-
-
-def memory_url(run: str) -> str:
-    return "memory"
-
-
-def redis_url(run: str) -> str:
-    require("redis")
-    return f"{REDIS}?prefix=sasflow-poison-{run}:"
-
-
-def rabbitmq_url(run: str) -> str:
-    require("rabbitmq")
-    return f"{RABBITMQ}?queue_expires=20&dead_letters=poison-{run}.dead-letters"
-
-
-TRANSPORTS: dict[str, Callable[[str], str]] = {
-    "memory": memory_url, "redis": redis_url, "rabbitmq": rabbitmq_url}
 
 
 @dataclass
@@ -61,14 +45,14 @@ class Running:
     replies: str  # its scheduler's reply queue
 
 
-@pytest.fixture(params=sorted(TRANSPORTS))
+@pytest.fixture(params=APP_TRANSPORTS)
 async def running(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Running]:
     """An App with one agent, running all roles in this event loop, on a private store,
     private queues and private dead letters."""
     run = uuid.uuid4().hex[:10]
     # agents' queues are private to the test through their names
     shop = App(store=f"sqlite:///{tmp_path / 'poison.db'}",
-               transport=TRANSPORTS[request.param](run))
+               transport=app_transport(request.param, run))
 
     @shop.agent(f"echo-{run}")
     async def echo(req: AgentRequest) -> Any:
@@ -84,7 +68,7 @@ async def running(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     with contextlib.suppress(Exception):
         await shop._transport.purge_dead_letters()
     if request.param == "rabbitmq":
-        await _delete_amqp(f"poison-{run}.dead-letters")
+        await _delete_amqp(dead_letter_name(run))
     await shop._transport.close()
     await shop._store.close()
 
@@ -188,14 +172,7 @@ async def test_a_malformed_status_message_does_not_end_listening(
             db.execute("INSERT INTO outbox (queue, body, created_at) VALUES (?, ?, 0)",
                        (queue, b"<status>not json</status>"))
     task_id = await app.asubmit("echo", {"n": 3}, reply_to=queue)
-    events = []
-    listening = app.alisten(queue)
-    async with asyncio.timeout(30), contextlib.aclosing(listening) as statuses:
-        async for status in statuses:
-            assert status.task_id == task_id
-            events.append(status.event)
-            if status.event == "processed":
-                break
+    events = [s.event for s in await statuses_until_processed(app.alisten(queue), task_id)]
     assert events[0] == "received" and events[-1] == "processed"
     letters = await dead_letters_of(app, {queue})
     assert letters[queue].reason.startswith("MalformedMessage: not a status message")
@@ -223,13 +200,7 @@ async def test_a_status_message_the_broker_refuses_is_dead_lettered_and_the_rest
     queue = f"shop-{run}"
     listening = app.alisten(queue)
     task_id = await app.asubmit("echo", {"n": 4}, reply_to=queue)
-    events = []
-    async with asyncio.timeout(30), contextlib.aclosing(listening) as statuses:
-        async for status in statuses:
-            assert status.task_id == task_id
-            events.append(status.event)
-            if status.event == "processed":
-                break
+    events = [s.event for s in await statuses_until_processed(listening, task_id)]
     assert events[0] == "received" and events[-1] == "processed"
     letters = await dead_letters_of(app, set(refused))
     for name, body in refused.items():

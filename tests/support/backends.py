@@ -86,3 +86,23 @@ TRANSPORTS: dict[str, Callable[[], str]] = {
     "redis": redis_transport,
     "rabbitmq": rabbitmq_transport,
 }
+
+
+def app_transport(kind: str, run: str) -> str:
+    """The URL of a transport for one App of one test, private to `run`: its Redis keys
+    under a prefix of its own, its RabbitMQ dead letters in an exchange and queue of
+    their own (`dead_letter_name(run)`, for the test to delete)."""
+    if kind == "memory":
+        return "memory"
+    if kind == "redis":
+        require("redis")
+        return f"{REDIS}?prefix=sasflow-{run}:"
+    require("rabbitmq")
+    return f"{RABBITMQ}?queue_expires=20&dead_letters={dead_letter_name(run)}"
+
+
+def dead_letter_name(run: str) -> str:
+    return f"{run}.dead-letters"
+
+
+APP_TRANSPORTS = ("memory", "rabbitmq", "redis")
