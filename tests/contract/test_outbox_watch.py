@@ -29,6 +29,7 @@ from sasflow.transition import applied
 from support.backends import APP_TRANSPORTS, STORES, app_transport
 from support.statuses import statuses_until_processed
 from support.stores import PLANS, Clock, StoreFactory, applies, claim_one, new_task
+from support.tasks import running
 
 WAIT_S = 30.0  # only ever reached if the word never comes
 
@@ -53,14 +54,9 @@ class Told:
 
 @contextlib.asynccontextmanager
 async def watching(store: Any, told: Told) -> AsyncIterator[None]:
-    task = asyncio.create_task(store.watch_outbox(told))
-    try:
+    async with running(store.watch_outbox(told)):
         await told.beyond(0)  # listening now: the first word comes once it does
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_reader_is_told_of_status_messages_another_instance_writes(

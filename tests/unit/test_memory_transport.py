@@ -15,6 +15,7 @@ from sasflow.errors import StoreError
 from sasflow.transport import MalformedMessage
 from sasflow.transport.dead_letter import DeadLetter, DeliveryPolicy, ListBox
 from sasflow.transport.memory import MemoryTransport
+from support.tasks import running
 
 
 class DownStore(ListBox):
@@ -28,13 +29,8 @@ class DownStore(ListBox):
 async def consuming(transport: MemoryTransport, handler: Any, *, prefetch: int
                     ) -> AsyncIterator[None]:
     """`transport` consuming queue "q" with `handler` while inside, stopped after."""
-    consumer = asyncio.create_task(transport.consume("q", handler, prefetch=prefetch))
-    try:
+    async with running(transport.consume("q", handler, prefetch=prefetch)):
         yield
-    finally:
-        consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer
 
 
 async def test_a_dead_letter_the_store_refuses_is_kept_in_the_process_and_said_once(
