@@ -151,24 +151,25 @@ class AmqpConsumer:
                 failed = await self._handle_bundle(message.body)
         finally:
             self.running.discard(task)
-        if all(error is None for _, error in failed):
-            await self._settle(message, [], before, first_seen)  # the ack alone
+        failures = [(body, error) for body, error in failed if error is not None]
+        if not failures:
+            await self._settle(message, failures, before, first_seen)  # the ack alone
             return
         # A failure is settled whatever comes. A consumer stopped while a dead letter
         # was on its way lost the letter's log line and acked nothing (so the message
         # came back, to be dead-lettered twice); it now waits for what it settles.
-        settle = asyncio.ensure_future(self._settle(message, failed, before, first_seen))
+        settle = asyncio.ensure_future(self._settle(message, failures, before, first_seen))
         self.settling.add(settle)
         settle.add_done_callback(self.settling.discard)
         await asyncio.shield(settle)
 
     async def _settle(self, message: AbstractIncomingMessage,
-                      failed: list[tuple[bytes, Exception | None]], before: int,
+                      failures: list[tuple[bytes, Exception]], before: int,
                       first_seen: float) -> None:
         try:
             settled = await asyncio.gather(*(
                 self._after_failure(body, before + 1, first_seen, error)
-                for body, error in failed if error is not None))
+                for body, error in failures)) if failures else []
             if all(settled):
                 await message.ack()
             else:  # could not be sent again: the broker keeps the whole message
