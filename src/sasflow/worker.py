@@ -315,7 +315,7 @@ class Worker:
     async def _publish_status(self, message: OutboxMessage) -> None:
         """Publish one status message. One the transport refuses for good (a queue
         name its broker cannot have) goes to the dead letters, logged once (R3), and
-        the messages after it go on: retried, it would hold them all back forever."""
+        counts as sent: retried, it would come back with every lease, for ever."""
         try:
             await self.transport.publish(message.queue, message.body)
         except MessageRefused as refused:
