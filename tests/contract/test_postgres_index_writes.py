@@ -23,15 +23,18 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from sasflow.model import TaskState
 from sasflow.store.postgres import PostgresStore
 from support.backends import FakeClock
 from support.pg_scans import run_to_the_end, scanned_rows
+from support.servers import PrivatePostgres
 from support.stores import PLANS, applies, new_task
 
 OWNER = "scheduler-1"
@@ -80,9 +83,23 @@ async def test_no_index_of_tasks_reads_a_column_that_a_step_changes(postgres_url
     assert {index: columns for index, columns in read_by.items() if columns} == {}
 
 
-async def test_the_steps_of_a_task_update_its_row_in_place(postgres_url: str) -> None:
+@pytest.fixture
+def own_server() -> Iterator[str]:
+    """A database on a PostgreSQL cluster of the test's own. A page has room for a
+    row's new version once its old ones are pruned, and the server prunes only what
+    no transaction can still see: another test's transaction open on the shared
+    server (one with a transaction id, in any of its databases) decided the count."""
+    server = PrivatePostgres().start()
+    try:
+        yield f"{server.create_database('in_place')}?options=-csearch_path%3Dpublic"
+    finally:
+        server.close()
+
+
+async def test_the_steps_of_a_task_update_its_row_in_place(own_server: str) -> None:
     """Of the tasks' mid-task step writes (two a task of three steps), the server made
     at least nine in ten in place; before, none."""
+    postgres_url = own_server
     application_name = f"in-place-{uuid.uuid4().hex[:10]}"
     store = PostgresStore(f"{postgres_url}&application_name={application_name}")
     for n in range(TASKS):
