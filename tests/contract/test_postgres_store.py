@@ -28,7 +28,7 @@ from sasflow.own_connection import APPLICATION_NAME
 from sasflow.store import open_store
 from sasflow.store import queries as sql
 from sasflow.store.listing import TaskQuery
-from sasflow.store.postgres import PostgresStore, wake
+from sasflow.store.postgres import PostgresStore, bulk
 from sasflow.store.postgres.bulk import new_token, tell_finished, write_batch
 from sasflow.store.postgres.migrations import scripts as pg_migrations
 from sasflow.transition import Transition
@@ -518,7 +518,7 @@ async def test_an_end_is_written_without_waiting_for_its_notice(
         await sent_notice(conn, task_ids)
 
     sent_notice = tell_finished
-    monkeypatch.setattr(wake, "tell_finished", held_notice)
+    monkeypatch.setattr(bulk, "tell_finished", held_notice)
     async with asyncio.timeout(HANG_GUARD):
         await ended(worker, "held")  # the write returned: its notice is not sent yet
         await holding.wait()
@@ -542,7 +542,7 @@ async def test_a_notice_that_fails_loses_nothing_but_itself(
         failed.set()
         raise psycopg.OperationalError("the notice's connection is gone")
 
-    monkeypatch.setattr(wake, "tell_finished", failing_notice)
+    monkeypatch.setattr(bulk, "tell_finished", failing_notice)
     await ended(worker, "unheard")
     async with asyncio.timeout(HANG_GUARD):
         await failed.wait()

@@ -17,6 +17,7 @@ from sasflow.transport.dead_letter import DeadLetter
 from sasflow.transport.memory import MemoryTransport
 from sasflow.worker import Worker
 from sasflow.workflow import Workflow
+from support.backends import FakeClock
 
 
 class _Broker(MemoryTransport):
@@ -40,16 +41,8 @@ class _Broker(MemoryTransport):
         raise AssertionError("nothing here is refused for good")
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_a_batch_goes_out_in_order_and_what_went_out_is_acked() -> None:
-    clock = _Clock()
+    clock = FakeClock()
     store = MemoryStore(clock=clock)
     broker = _Broker(failing="app-2")
     for n, queue in enumerate(["app-1", "app-2", "app-3", "app-1"]):
@@ -68,5 +61,5 @@ async def test_a_batch_goes_out_in_order_and_what_went_out_is_acked() -> None:
     with pytest.raises(TransportError, match="app-2"):
         await worker._publish_statuses(messages)
     assert broker.started == ["app-1", "app-2", "app-3", "app-1"]
-    clock.now += 60  # the leases of what was not acked end
+    clock.advance(60)  # the leases of what was not acked end
     assert [m.queue for m in await store.take_outbox(None, 256)] == ["app-2"]

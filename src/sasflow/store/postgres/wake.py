@@ -25,12 +25,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 
 from sasflow.store import queries
-from sasflow.store.postgres.bulk import Notices, tell_finished, tell_statuses
+from sasflow.store.postgres.bulk import Notices, tell
 from sasflow.store.postgres.connections import Connections
 
 __all__ = ["CommitNotices", "FinishedListener", "listen_for_statuses", "listen_for_work"]
@@ -176,13 +175,9 @@ class CommitNotices:
         await asyncio.gather(*(notice for notice in self._sending if notice.get_loop() is here))
 
     async def _send(self, notices: Notices) -> None:
-        async def send(conn: psycopg.AsyncConnection[Any]) -> None:
-            await tell_finished(conn, notices.ended)
-            if notices.statuses:
-                await tell_statuses(conn)
-
         try:
-            await self._db.run(send, transaction=False, lost="raise")
+            await self._db.run(lambda conn: tell(conn, notices), transaction=False,
+                               lost="raise")
         except Exception as error:
             log.debug("%d ended task(s) (and status messages: %s) not told: %s",
                       len(notices.ended), notices.statuses, error)
