@@ -290,11 +290,12 @@ async def test_a_consumer_stopped_while_dead_lettering_finishes_first(
     reached, release = asyncio.Event(), asyncio.Event()
     confirmed = transport._confirmed
 
-    async def held(queue: str, message: aio_pika.Message, *, to_dead_letters: bool) -> None:
+    async def held(queue: str, body: bytes, properties: amqp.Properties, *,
+                   to_dead_letters: bool) -> None:
         if to_dead_letters:
             reached.set()
             await release.wait()
-        await confirmed(queue, message, to_dead_letters=to_dead_letters)
+        await confirmed(queue, body, properties, to_dead_letters=to_dead_letters)
 
     monkeypatch.setattr(transport, "_confirmed", held)
     channel = await broker.channel()

@@ -29,8 +29,8 @@ from sasflow.errors import TransportError
 from sasflow.outage import Outage
 from sasflow.redact import redact
 
-__all__ = ["CONNECTION_ERRORS", "REFUSALS", "STOP_TIMEOUT", "AmqpConnection", "backoff",
-           "being_cancelled", "close_quietly"]
+__all__ = ["CONNECTION_ERRORS", "PERSISTENT", "REFUSALS", "STOP_TIMEOUT", "AmqpConnection",
+           "backoff", "being_cancelled", "close_quietly"]
 
 # Bounds each attempt to connect (TCP and AMQP handshakes).
 _CONNECT_TIMEOUT = 10.0
@@ -40,6 +40,8 @@ _RECONNECT_CAP = 5.0
 STOP_TIMEOUT = 5.0
 
 # What a lost connection or channel raises; publish waits for the reconnect and retries.
+# A message's delivery mode that has the broker write it to disk.
+PERSISTENT = 2
 CONNECTION_ERRORS = (aiormq.exceptions.AMQPConnectionError,
                      aiormq.exceptions.ChannelInvalidStateError,
                      aiormq.exceptions.ChannelClosed, ConnectionError)

@@ -41,7 +41,6 @@ from sasflow.transport.amqp_connection import (
 from sasflow.transport.amqp_dead_letters import (
     DELIVERIES,
     FIRST_SEEN,
-    dead_letter_message,
     number,
 )
 from sasflow.transport.base import Handler, ImmediateHandler
@@ -209,8 +208,7 @@ class AmqpConsumer:
             if isinstance(error, MalformedMessage) or policy.exhausted(deliveries):
                 letter = letter_for(queue, body, error, deliveries=deliveries,
                                     first_seen=first_seen)
-                await self.transport._confirmed(queue, dead_letter_message(letter),
-                                                to_dead_letters=True)
+                await self.transport.keep_dead_letter(letter)
                 log_dead_letter(log, letter)
             else:
                 # held (unacked) meanwhile, so a crash now loses nothing

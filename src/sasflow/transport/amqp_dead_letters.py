@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from pamqp.commands import Basic
 
+from sasflow.transport.amqp_connection import PERSISTENT
 from sasflow.transport.dead_letter import DeadLetter
 
-__all__ = ["DEAD_LETTERS", "DELIVERIES", "FIRST_SEEN", "dead_letter_message", "number",
+__all__ = ["DEAD_LETTERS", "DELIVERIES", "FIRST_SEEN", "dead_letter_properties", "number",
            "peek", "purge"]
 
 DEAD_LETTERS = "sasflow.dead-letters"
@@ -61,9 +62,10 @@ def number(value: object) -> int | float:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
-def dead_letter_message(letter: DeadLetter) -> aio_pika.Message:
-    return aio_pika.Message(
-        letter.body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=letter.id,
+def dead_letter_properties(letter: DeadLetter) -> Basic.Properties:
+    """What a dead letter's message carries beside its body: where it came from and why."""
+    return Basic.Properties(
+        delivery_mode=PERSISTENT, message_id=letter.id,
         headers={_QUEUE: letter.queue, _REASON: letter.reason, DELIVERIES: letter.deliveries,
                  FIRST_SEEN: letter.first_seen, _DEAD_AT: letter.at})
 
