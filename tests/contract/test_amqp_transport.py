@@ -17,6 +17,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
+from typing import Any
 
 import aio_pika
 import pytest
@@ -25,6 +26,8 @@ from aio_pika.abc import AbstractRobustConnection
 from sasflow.errors import MissingExtraError, TransportError
 from sasflow.transport import Transport, agent_queue, amqp, open_transport
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE
+from sasflow.transport.amqp_consume import AmqpConsumer
+from sasflow.transport.base import ImmediateHandler
 from support.faultproxy import FaultProxy, fault_proxy
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
@@ -373,6 +376,42 @@ async def test_publish_soon_sends_at_once_and_ends_once_the_broker_confirmed(
             transport.publish_soon(target, b"x" * (transport.max_message_bytes + 1))
     finally:
         await transport.close()
+
+
+async def test_the_work_an_immediate_handler_wakes_runs_before_the_ack(
+        transports: Callable[..., Transport], own_queue: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scheduler's reply handler only wakes the step's driver, which then writes the
+    transition: the driver gets the loop before the ack is sent, so the ack's write to
+    the socket is not on the task's path."""
+    transport = transports()
+    assert isinstance(transport, amqp.AmqpTransport)
+    order: list[str] = []
+    woken = asyncio.Event()
+    settle = AmqpConsumer._settle
+
+    async def settled(self: AmqpConsumer, *args: Any) -> None:
+        order.append("ack")
+        await settle(self, *args)
+
+    async def driver() -> None:  # as a scheduler's driver waits for its reply
+        await woken.wait()
+        order.append("woken work")
+
+    monkeypatch.setattr(AmqpConsumer, "_settle", settled)
+    waiting = asyncio.create_task(driver())
+    consumer = asyncio.create_task(transport.consume(
+        own_queue, ImmediateHandler(lambda body: woken.set()), prefetch=4))
+    try:
+        await transport.publish(own_queue, b"a reply")
+        async with asyncio.timeout(HANG_GUARD):
+            while "ack" not in order:
+                await asyncio.sleep(0.01)
+        assert order == ["woken work", "ack"]
+    finally:
+        consumer.cancel()
+        waiting.cancel()
+        await asyncio.gather(consumer, waiting, return_exceptions=True)
 
 
 async def test_messages_are_persistent_in_durable_queues(

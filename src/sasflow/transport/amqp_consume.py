@@ -152,6 +152,11 @@ class AmqpConsumer:
             self.running.discard(task)
         failures = [(body, error) for body, error in failed if error is not None]
         if not failures:
+            if isinstance(self.handler, ImmediateHandler):
+                # what the handler set going (a scheduler's driver, woken by its reply,
+                # writing the step's transition) takes its turn of the loop before the
+                # ack's frame takes the socket: the ack waits, the task's path does not
+                await asyncio.sleep(0)
             await self._settle(message, failures, before, first_seen)  # the ack alone
             return
         # A failure is settled whatever comes. A consumer stopped while a dead letter
