@@ -7,7 +7,8 @@ verbs; its connection, its consumers and its dead letters have a module each
 Built on aio-pika: the maintained asyncio client for RabbitMQ, typed, with
 robust connections (``connect_robust`` reconnects after a broker restart and
 re-declares channels, queues and consumers), publisher confirms and manual
-acks, the three things at-least-once delivery here rests on.
+acks, the three things at-least-once delivery here rests on. Messages go out
+through aiormq, the protocol layer under it (`_confirmed`).
 
 - Queues are durable and declared on first use, by publishers and consumers
   alike, so either side may start first.
