@@ -187,17 +187,20 @@ class AmqpTransport:
         """Publish a message to `queue` (or to the dead-letter exchange), once confirmed.
         `properties` are the message's own (aiormq writes its id into them).
 
-        Sent with aiormq's own publish, under aio-pika's channel: aio-pika's message
-        object and exchange cost a publish a quarter of its CPU (a batch of 256 on
-        one channel: 150-190 µs a message against 126-129, docs/benchmarks.md),
+        Sent with aiormq's own publish, under aio-pika's channel: through aio-pika's
+        message object and exchange, the transport's publish cost 164-202 µs of CPU
+        a message, against 137-159 µs now (batches of 256, bench/amqp_publish_cost.py),
         for nothing these messages use."""
         give_up = time.monotonic() + _PUBLISH_PATIENCE
         pause = 0.05
         redeclared = False
         while True:
             try:
-                async with asyncio.timeout(max(0.0, give_up - time.monotonic())):
-                    _, channel = await self._link.connect()
+                opened = self._link.opened()  # (most publishes: no wait, so no timer)
+                if opened is None:
+                    async with asyncio.timeout(max(0.0, give_up - time.monotonic())):
+                        opened = await self._link.connect()
+                _, channel = opened
             except TimeoutError:
                 last = self._link.outage.last
                 why = redact_text(str(last)) if last is not None else "no answer"

@@ -39,9 +39,9 @@ _RECONNECT_CAP = 5.0
 # Bounds the clean-up of a stopping consumer, so a dead broker cannot hang a shutdown.
 STOP_TIMEOUT = 5.0
 
-# What a lost connection or channel raises; publish waits for the reconnect and retries.
 # A message's delivery mode that has the broker write it to disk.
 PERSISTENT = 2
+# What a lost connection or channel raises; publish waits for the reconnect and retries.
 CONNECTION_ERRORS = (aiormq.exceptions.AMQPConnectionError,
                      aiormq.exceptions.ChannelInvalidStateError,
                      aiormq.exceptions.ChannelClosed, ConnectionError)
@@ -59,6 +59,15 @@ class AmqpConnection:
         self.opening: asyncio.Task[tuple[AbstractRobustConnection, AbstractChannel]] | None
         self.opening = None
         self.closed = False  # set by the transport as it closes: nothing opens any more
+
+    def opened(self) -> tuple[AbstractRobustConnection, AbstractChannel] | None:
+        """The connection and its publishing channel if they are open already: what
+        `connect` would return, without a wait (or a timer to bound one)."""
+        opening = self.opening
+        if self.closed or opening is None or not opening.done() or opening.cancelled() \
+                or opening.exception() is not None:
+            return None
+        return opening.result()
 
     async def connect(self, *, patient: bool = True
                       ) -> tuple[AbstractRobustConnection, AbstractChannel]:
