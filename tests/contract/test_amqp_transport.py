@@ -414,6 +414,32 @@ async def test_the_work_an_immediate_handler_wakes_runs_before_the_ack(
         await asyncio.gather(consumer, waiting, return_exceptions=True)
 
 
+async def test_a_queue_deleted_under_its_consumer_is_declared_again_and_consumed(
+        transports: Callable[..., Transport], own_queue: str,
+        broker: AbstractRobustConnection) -> None:
+    """The broker cancels the consumer of a queue that an operator deleted; the
+    consumer sets itself up again (the queue declared anew) and takes what comes."""
+    transport = transports()
+    handled: list[bytes] = []
+
+    async def handle(body: bytes) -> None:
+        handled.append(body)
+
+    consumer = asyncio.create_task(transport.consume(own_queue, handle, prefetch=4))
+    try:
+        await transport.publish(own_queue, b"before")
+        await until(lambda: handled == [b"before"])
+        channel = await broker.channel()
+        await channel.queue_delete(own_queue)
+        await channel.close()
+        await transport.publish(own_queue, b"after")  # declared again by the publisher
+        await until(lambda: handled == [b"before", b"after"])
+        assert not consumer.done()
+    finally:
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+
+
 async def test_messages_are_persistent_in_durable_queues(
         transports: Callable[..., Transport], queue: str,
         broker: AbstractRobustConnection) -> None:

@@ -25,8 +25,10 @@ import time
 from typing import TYPE_CHECKING
 
 import aiormq
+import aiormq.abc
 import msgspec
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.abc import AbstractRobustChannel
+from aiormq.abc import DeliveredMessage
 
 from sasflow.errors import TransportError
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE, decode_bundle
@@ -70,40 +72,26 @@ class AmqpConsumer:
         self.settling: set[asyncio.Future[None]] = set()
         # bundles hold several messages each: `prefetch` bounds the handlers running
         self.slots = asyncio.Semaphore(self.prefetch)
-        self.channel: AbstractChannel | None = None
+        self.channel: AbstractRobustChannel | None = None
 
     async def run(self) -> None:
-        """Consume until cancelled; reconnects, and sets up again, after a lost connection."""
+        """Consume until cancelled. After a lost connection or channel, or a consumer
+        the broker cancelled (its queue deleted), it consumes again (R2)."""
         queue = self.queue
         # counted from the start: a consumer counts as soon as consuming begins
         self.consumed[queue] = self.consumed.get(queue, 0) + 1
         try:
-            for attempt in itertools.count(1):
+            while True:
+                underlay, tag, ended = await self._set_up()
                 try:
-                    connection, _ = await self.transport._link.connect()
-                    self.channel = await connection.channel(publisher_confirms=False)
-                    await self.channel.set_qos(prefetch_count=self.prefetch)
-                    declared = await self.transport._declare(self.channel, queue)
-                    tag = await declared.consume(self._on_message, no_ack=False)
-                    break
-                except REFUSALS:
-                    raise  # the broker refuses this queue as declared: no retry helps
-                except (*CONNECTION_ERRORS, TimeoutError, asyncio.CancelledError) as error:
-                    if isinstance(error, asyncio.CancelledError) and being_cancelled():
-                        raise
-                    # the connection went while the consumer was being set up (aiormq
-                    # cancels what waited on it): it is reconnecting, so set up again (R2)
-                    if self.channel is not None:
-                        await close_quietly(self.channel)
-                        self.channel = None
-                    self.transport._link.outage.failed(error)
-                    await asyncio.sleep(backoff(attempt))
-            try:
-                await asyncio.Future()  # consume until cancelled
-            finally:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(STOP_TIMEOUT):
-                        await declared.cancel(tag)
+                    await ended  # the channel closed, or the broker cancelled the consumer
+                finally:
+                    if not ended.done():  # stopped: take the consumer off, if still there
+                        with contextlib.suppress(Exception):
+                            async with asyncio.timeout(STOP_TIMEOUT):
+                                await underlay.basic_cancel(tag)
+                log.info("the consumer of %s ended (its channel closed, or the broker"
+                         " cancelled it); consuming again", queue)
         except (aiormq.exceptions.AMQPError, *CONNECTION_ERRORS) as error:
             raise TransportError(f"cannot consume {queue}: {error!r}") from error
         finally:
@@ -116,11 +104,52 @@ class AmqpConsumer:
                 _, late = await asyncio.wait(self.settling, timeout=STOP_TIMEOUT)
                 for settle in late:  # (a redelivery's backoff): the broker takes it back
                     settle.cancel()
-            if self.channel is not None:
-                # unacked messages (in flight or prefetched) go back to the queue
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(STOP_TIMEOUT):
-                        await self.channel.close()
+            # unacked messages (in flight or prefetched) go back to the queue
+            await self._drop_channel()
+
+    async def _set_up(self) -> tuple[aiormq.abc.AbstractChannel, str, asyncio.Future[None]]:
+        """The consumer on a channel of its own with its prefetch, the queue declared;
+        with the future that ends when the consumer or its channel goes. Tried until it
+        works (R2), but for a queue the broker refuses as declared: no retry helps.
+
+        The consumer is aiormq's own, under aio-pika's channel: aio-pika's wraps each
+        delivery in a message object and a second task, a fifth of a delivery's CPU
+        (docs/benchmarks.md). aio-pika restores a robust channel after a lost
+        connection (its prefetch, its queue), but knows nothing of this consumer:
+        this loop waits for the channel to be back and consumes on it again."""
+        for attempt in itertools.count(1):
+            try:
+                if self.channel is None:
+                    connection, _ = await self.transport._link.connect()
+                    self.channel = await connection.channel(publisher_confirms=False)
+                    await self.channel.set_qos(prefetch_count=self.prefetch)
+                else:
+                    await self.channel.ready()  # (restored: at once if it never went)
+                # declared again each time: a queue deleted under its consumer comes back
+                await self.transport._declare(self.channel, self.queue)
+                underlay = await self.channel.get_underlay_channel()
+                ended = _ended_when(underlay)
+                consuming = await underlay.basic_consume(self.queue, self._on_message,
+                                                         no_ack=False)
+                assert consuming.consumer_tag is not None
+                return underlay, consuming.consumer_tag, ended
+            except REFUSALS:
+                raise  # the broker refuses this queue as declared: no retry helps
+            except (*CONNECTION_ERRORS, TimeoutError, asyncio.CancelledError) as error:
+                if isinstance(error, asyncio.CancelledError) and being_cancelled():
+                    raise
+                # the connection went while the consumer was being set up (aiormq
+                # cancels what waited on it): it is reconnecting, so set up again (R2)
+                if self.channel is not None and self.channel.is_closed:
+                    await self._drop_channel()  # closed for good: a new one
+                self.transport._link.outage.failed(error)
+                await asyncio.sleep(backoff(attempt))
+        raise AssertionError("unreachable")
+
+    async def _drop_channel(self) -> None:
+        if self.channel is not None:
+            channel, self.channel = self.channel, None
+            await close_quietly(channel)
 
     async def _handle(self, body: bytes) -> Exception | None:
         """The handler's error, if it raised (bounded by the slots)."""
@@ -134,17 +163,18 @@ class AmqpConsumer:
                 return error
             return None
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(self, message: DeliveredMessage) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.running.add(task)
         try:
             # failed deliveries before this one; a redelivery by the broker
             # means a consumer died holding it: one more
-            headers = message.headers or {}
+            properties = message.header.properties
+            headers = properties.headers or {}
             before = int(number(headers.get(DELIVERIES))) + bool(message.redelivered)
             first_seen = float(number(headers.get(FIRST_SEEN)))
-            if message.content_type != BUNDLE_TYPE:
+            if properties.content_type != BUNDLE_TYPE:
                 failed = [(message.body, await self._handle(message.body))]
             else:
                 failed = await self._handle_bundle(message.body)
@@ -167,17 +197,20 @@ class AmqpConsumer:
         settle.add_done_callback(self.settling.discard)
         await asyncio.shield(settle)
 
-    async def _settle(self, message: AbstractIncomingMessage,
+    async def _settle(self, message: DeliveredMessage,
                       failures: list[tuple[bytes, Exception]], before: int,
                       first_seen: float) -> None:
         try:
             settled = await asyncio.gather(*(
                 self._after_failure(body, before + 1, first_seen, error)
                 for body, error in failures)) if failures else []
+            # on the channel that delivered it: a delivery tag means nothing on another
+            tag = message.delivery_tag
+            assert tag is not None
             if all(settled):
-                await message.ack()
+                await message.channel.basic_ack(tag)
             else:  # could not be sent again: the broker keeps the whole message
-                await message.nack(requeue=True)
+                await message.channel.basic_nack(tag, requeue=True)
         except CONNECTION_ERRORS as error:
             # the channel is gone: the broker redelivers the unacked message
             log.info("could not settle a message of %s: %r", self.queue, error)
@@ -227,3 +260,16 @@ class AmqpConsumer:
             return False
         return True
 
+
+def _ended_when(channel: aiormq.abc.AbstractChannel) -> asyncio.Future[None]:
+    """A future that ends when `channel` (aiormq's) closes, or when the broker cancels a
+    consumer on it (its queue was deleted): either way, nothing more comes."""
+    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def end(*_: object) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    channel.closing.add_done_callback(end)
+    channel.on_consumer_cancel_callbacks.add(end)
+    return ended
