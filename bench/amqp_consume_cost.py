@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 import uuid
 
@@ -29,9 +28,9 @@ import aio_pika
 import common as C
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from aiormq.abc import DeliveredMessage
+from amqp_publish_cost import cpu_a_message, on_a_workers_loop
 from distributed import AMQP_URL
 
-from sasflow.event_loops import new_event_loop
 from sasflow.transport.amqp import AmqpTransport
 
 BODY = b"x" * 200
@@ -113,14 +112,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--n", type=int, default=5000)
     a = ap.parse_args()
-    loop = new_event_loop()  # uvloop's where installed, as a worker's
-    try:
-        found = loop.run_until_complete(measure(a.rounds, a.n))
-    finally:
-        loop.close()
+    found = on_a_workers_loop(measure(a.rounds, a.n))
     C.emit({"bench": "amqp_consume_cost", "n": a.n, "prefetch": PREFETCH,
-            "cpu_us_a_message": {way: round(statistics.median(v), 1) for way, v in found.items()},
-            "rounds_us": {way: [round(x, 1) for x in v] for way, v in found.items()}})
+            **cpu_a_message(found)})
 
 
 if __name__ == "__main__":

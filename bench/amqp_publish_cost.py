@@ -25,7 +25,8 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import aio_pika
 import common as C
@@ -36,6 +37,7 @@ from sasflow.event_loops import new_event_loop
 from sasflow.transport.amqp import AmqpTransport
 
 BODY = b"x" * 200
+T = TypeVar("T")
 
 
 async def measure(rounds: int, batches: int, batch: int) -> dict[str, list[float]]:
@@ -71,6 +73,21 @@ async def measure(rounds: int, batches: int, batch: int) -> dict[str, list[float
     return found
 
 
+def on_a_workers_loop(measured: Coroutine[Any, Any, T]) -> T:
+    """Run `measured` on the loop a worker runs on (uvloop's where installed)."""
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(measured)
+    finally:
+        loop.close()
+
+
+def cpu_a_message(found: dict[str, list[float]]) -> dict[str, Any]:
+    """Each way's median over the rounds, and the rounds."""
+    return {"cpu_us_a_message": {way: round(statistics.median(v), 1) for way, v in found.items()},
+            "rounds_us": {way: [round(x, 1) for x in v] for way, v in found.items()}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,14 +95,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--batch", type=int, default=256)
     a = ap.parse_args()
-    loop = new_event_loop()  # uvloop's where installed, as a worker's
-    try:
-        found = loop.run_until_complete(measure(a.rounds, a.batches, a.batch))
-    finally:
-        loop.close()
+    found = on_a_workers_loop(measure(a.rounds, a.batches, a.batch))
     C.emit({"bench": "amqp_publish_cost", "batch": a.batch, "batches": a.batches,
-            "cpu_us_a_message": {name: round(statistics.median(v), 1) for name, v in found.items()},
-            "rounds_us": {name: [round(x, 1) for x in v] for name, v in found.items()}})
+            **cpu_a_message(found)})
 
 
 if __name__ == "__main__":

@@ -404,9 +404,7 @@ async def test_the_work_an_immediate_handler_wakes_runs_before_the_ack(
         own_queue, ImmediateHandler(lambda body: woken.set()), prefetch=4))
     try:
         await transport.publish(own_queue, b"a reply")
-        async with asyncio.timeout(HANG_GUARD):
-            while "ack" not in order:
-                await asyncio.sleep(0.01)
+        await until(lambda: "ack" in order)
         assert order == ["woken work", "ack"]
     finally:
         consumer.cancel()
