@@ -9,7 +9,7 @@ robust connections (``connect_robust`` reconnects after a broker restart and
 re-declares channels and queues), publisher confirms and manual acks, the three
 things at-least-once delivery here rests on. Messages go out, and come in,
 through aiormq, the protocol layer under it (`_confirmed`, amqp_consume.py):
-aio-pika's message objects cost a message a sixth to a quarter of its CPU. So
+aio-pika's message objects cost a message a seventh to a fifth of its CPU. So
 the consumers, which aio-pika's restore does not know, consume again themselves
 once their channel is back.
 
@@ -191,9 +191,9 @@ class AmqpTransport:
         `properties` are the message's own (aiormq writes its id into them).
 
         Sent with aiormq's own publish, under aio-pika's channel: through aio-pika's
-        message object and exchange, the transport's publish cost 164-202 µs of CPU
-        a message, against 137-159 µs now (batches of 256, bench/amqp_publish_cost.py),
-        for nothing these messages use."""
+        message object and exchange (and a timer to bound a connect that did not
+        wait), the transport's publish cost 164-202 µs of CPU a message, against
+        121-125 µs now (batches of 256, bench/amqp_publish_cost.py)."""
         give_up = time.monotonic() + _PUBLISH_PATIENCE
         pause = 0.05
         redeclared = False
