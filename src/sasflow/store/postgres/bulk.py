@@ -30,7 +30,7 @@ scenario tests caught that.)
 from __future__ import annotations
 
 import operator
-import secrets
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,8 +142,10 @@ def needs_transaction(batch: Sequence[Write]) -> bool:
 
 
 def new_token() -> int:
-    """A write's name in the rows it writes (tasks.last_write)."""
-    return secrets.randbits(63)
+    """A write's name in the rows it writes (tasks.last_write). It tells a task's
+    writes apart, and is no secret: the process's own generator (seeded anew in a
+    forked child) makes it without the system call `secrets` makes for each."""
+    return random.getrandbits(63)
 
 
 def _transition_row(t: Transition, now: float, token: int) -> Row:
@@ -217,20 +219,22 @@ async def write_batch(conn: psycopg.AsyncConnection[Any], batch: Sequence[Write]
     applied, created = answer.get("applied") or (), set(answer.get("created") or ())
     for task_id in (*applied, *created):
         outcomes[index[task_id]] = True
-    async with conn.cursor(row_factory=dict_row) as cur:
-        existing = [_new(w) for w in submissions if w.task_id not in created]
-        if existing:
-            await cur.execute(_Q["select_task_identities"],
-                              {"task_ids": [t.task_id for t in existing]})
-            found = {row["task_id"]: row for row in await cur.fetchall()}
-            for task in existing:
-                outcomes[index[task.task_id]] = _identity_outcome(task, found[task.task_id])
-        drops = _Rows()  # rows past the new shape's end: disjoint from those written
-        for task_id in applied:
-            for row in dropped.get(task_id, ()):
-                drops.add("drops", row)
-        if drops.rows["drops"]:
-            await cur.execute(_Q["drop_steps"], drops.params("drops"))
+    existing = [_new(w) for w in submissions if w.task_id not in created]
+    drops = _Rows()  # rows past the new shape's end: disjoint from those written
+    for task_id in applied:
+        for row in dropped.get(task_id, ()):
+            drops.add("drops", row)
+    if existing or drops.rows["drops"]:  # (rare: a cursor only then)
+        async with conn.cursor(row_factory=dict_row) as cur:
+            if existing:
+                await cur.execute(_Q["select_task_identities"],
+                                  {"task_ids": [t.task_id for t in existing]})
+                found = {row["task_id"]: row for row in await cur.fetchall()}
+                for task in existing:
+                    outcomes[index[task.task_id]] = _identity_outcome(task,
+                                                                      found[task.task_id])
+            if drops.rows["drops"]:
+                await cur.execute(_Q["drop_steps"], drops.params("drops"))
     # (a claimed submission reports "received" as any with a reply_to)
     told = Notices(ended=answer.get("finished") or [], statuses=any(
         outcome is True and reports_status(_new(write) if isinstance(write, Claimed) else write)
