@@ -266,11 +266,18 @@ def _ended_when(channel: aiormq.abc.AbstractChannel) -> asyncio.Future[None]:
     """A future that ends when `channel` (aiormq's) closes, or when the broker cancels a
     consumer on it (its queue was deleted): either way, nothing more comes."""
     ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    closing = channel.closing  # an observer of its own: cancelled, it only stops observing
 
     def end(*_: object) -> None:
         if not ended.done():
             ended.set_result(None)
 
-    channel.closing.add_done_callback(end)
+    def forget(_: asyncio.Future[None]) -> None:
+        # a consumer set up again on the same channel watches it anew: nothing piles up
+        channel.on_consumer_cancel_callbacks.discard(end)
+        closing.cancel()
+
+    closing.add_done_callback(end)
     channel.on_consumer_cancel_callbacks.add(end)
+    ended.add_done_callback(forget)
     return ended
