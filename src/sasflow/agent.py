@@ -228,25 +228,27 @@ class AgentRuntime:
                         request.epoch, DEADLINE_MARGIN - budget)
             return
         call = self._caller(agent, fn, request)
-        if self._tracing is not None:  # each call in a span, in the task's trace
+        # each call in a span, in the task's trace; a task whose trace the sampler drops
+        # (as most are) pays a lookup here, unless its scheduler left a traceparent
+        if self._tracing is not None and (request.trace or self._tracing.kept(request.task_id)):
             call = self._tracing.calls(call, agent.name, request)
         if failpoints.ARMED: await failpoints.hit("agent.before_call")  # noqa: E701
-        metered = self._metered.get(agent.name)
+        metered: AgentMetrics | _Unmetered = self._metered.get(agent.name, _UNMETERED)
         retrying = call_with_retries(
             call, policy=agent.retry, breaker=self.breakers[agent.name],
             deadline=request.complete_by - DEADLINE_MARGIN, clock=self.clock,
-            on_retry=None if metered is None else metered.retried)
+            on_retry=metered.retried)
         started = time.perf_counter()  # (timed here, with no coroutine around the calls)
         deadline = asyncio.timeout(budget)
         try:
             async with deadline:
                 result = await retrying
         except asyncio.CancelledError:  # the worker stops
-            _took(metered, "deadline", started)
+            metered.took("deadline", started)
             raise
         except TimeoutError as error:
             if deadline.expired():
-                _took(metered, "deadline", started)
+                metered.took("deadline", started)
                 log.info("%s %s/%s: complete-by passed, falling silent", agent.name,
                          request.task_id, request.step)
                 return
@@ -254,21 +256,21 @@ class AgentRuntime:
             await self._gave_up(agent, request, error, metered, started)
             return
         except PermanentError as error:
-            _took(metered, "permanent", started)
+            metered.took("permanent", started)
             await self._reply(request, ok=False, error=str(error) or type(error).__name__,
                               permanent=True)
             return
         except Exception as error:
             await self._gave_up(agent, request, error, metered, started)
             return
-        _took(metered, "ok", started)
+        metered.took("ok", started)
         if failpoints.ARMED: await failpoints.hit("agent.after_call")  # noqa: E701
         await self._reply(request, ok=True, result=result)
 
     async def _gave_up(self, agent: AgentFunction, request: Request, error: Exception,
-                       metered: AgentMetrics | None, started: float) -> None:
+                       metered: AgentMetrics | _Unmetered, started: float) -> None:
         """The calls failed, retries and all: the unit's error replied (transient)."""
-        _took(metered, "transient", started)
+        metered.took("transient", started)
         log.info("%s %s/%s: giving up: %r", agent.name, request.task_id, request.step, error)
         await self._reply(request, ok=False, error=f"{type(error).__name__}: {error}")
 
@@ -366,8 +368,15 @@ def _clip(error: str | None) -> str | None:
     return f"{error[:_MAX_ERROR_CHARS]}... ({len(error) - _MAX_ERROR_CHARS} more characters)"
 
 
-def _took(metered: AgentMetrics | None, outcome: str, started: float) -> None:
-    """Observe a request's calls, begun at `started`, as ended by `outcome`; metrics off,
-    nothing."""
-    if metered is not None:
-        metered.took(outcome, started)
+class _Unmetered:
+    """An agent's metrics while metrics are off (metrics.py is not even imported):
+    a request then costs one call that does nothing."""
+
+    __slots__ = ()
+    retried = None
+
+    def took(self, outcome: str, started: float) -> None:
+        pass
+
+
+_UNMETERED = _Unmetered()

@@ -280,10 +280,10 @@ class Scheduler:
                 TaskState.PROCESSING, TaskState.COMPENSATING):
             request = self._request(task)
             log_step(request.step)
-            # tracing off, or the task's trace dropped by the sampler, a step pays
-            # this check and two more like it (in _run_unit)
-            attempt = None if self._tracing is None else self._tracing.attempt_span(
-                task, request)
+            # tracing off, or the task's trace dropped by the sampler (a lookup), a step
+            # pays these checks and two more like them (in _run_unit)
+            attempt = (None if self._tracing is None or not self._tracing.kept(task.task_id)
+                       else self._tracing.attempt_span(task, request))
             if attempt is None:
                 after = await self._run_unit(task, request, plan, loop, None)
             else:

@@ -60,15 +60,18 @@ _PROVIDER_VARIABLE = "OTEL_PYTHON_TRACER_PROVIDER"
 
 def trace_id_of(task_id: str) -> str:
     """The id of `task_id`'s trace, as 32 hex digits (what tracing backends search by)."""
-    return f"{_ids(task_id)[0]:032x}"
+    return f"{_trace_id(task_id):032x}"
 
 
-@functools.lru_cache(maxsize=4096)  # asked at each attempt and each agent call
-def _ids(task_id: str) -> tuple[int, int]:
-    """The task's trace id and the span id of the task itself, both from its id."""
-    digest = hashlib.sha256(task_id.encode()).digest()
+def _trace_id(task_id: str) -> int:
+    """The task's trace id: the first 16 bytes of the SHA-256 of its id."""
     # an all-zero id is invalid; a digest that begins with 16 zero bytes will not occur
-    return int.from_bytes(digest[:16]) or 1, int.from_bytes(digest[16:24]) or 1
+    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[:16]) or 1
+
+
+def _task_span_id(task_id: str) -> int:
+    """The span id of the task itself: the next 8 bytes of the same digest."""
+    return int.from_bytes(hashlib.sha256(task_id.encode()).digest()[16:24]) or 1
 
 
 def configured() -> Tracing | None:
@@ -101,7 +104,7 @@ def _task_sampler(provider: Any) -> Callable[[str], bool]:
     # process: a task's first question hashes its id, the next ones are a lookup
     @functools.lru_cache(maxsize=4096)
     def kept(task_id: str) -> bool:
-        return decide(_ids(task_id)[0])
+        return decide(_trace_id(task_id))
 
     return kept
 
@@ -154,7 +157,8 @@ class Tracing:
 
     def attempt_span(self, task: Task, request: Request) -> Attempt | None:
         """`attempt`, or None if the sampler drops the task: a scheduler then runs the
-        attempt as with tracing off, at the cost of this one call."""
+        attempt as with tracing off (it asks `kept` first, a lookup, and calls this
+        only for a task the sampler keeps)."""
         if not self.kept(task.task_id):
             return None  # a task the sampler drops costs no span at all
         from opentelemetry.trace import SpanKind
@@ -312,7 +316,7 @@ def _task_context(task_id: str) -> Context:
         set_span_in_context,
     )
 
-    trace_id, span_id = _ids(task_id)
+    trace_id, span_id = _trace_id(task_id), _task_span_id(task_id)
     # flagged sampled, as the sampler decided for a root span of this trace: a
     # ParentBased sampler (the default) then keeps every span of the task, in any process
     return set_span_in_context(NonRecordingSpan(SpanContext(
