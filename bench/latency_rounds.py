@@ -3,8 +3,9 @@
 The latency of bench/distributed.py (``--phases lat``: wf3, 3 no-op steps, 100
 single tasks one at a time, submit -> terminal state seen by the client, agents
 in another process, PostgreSQL store) for each transport, then the peers'
-latency (../shared/bench/peers: celery.py, prefork -c 2 over Redis; dbos.py
---backend pg, direct start_workflow), one after the other, ROUNDS times: the
+latency (../shared/bench/peers: celery.py, prefork -c 2 over Redis, or with
+RabbitMQ as its broker as ``celery-rabbitmq``; dbos.py --backend pg, direct
+start_workflow), one after the other, ROUNDS times: the
 machine's noise falls on all of them alike. With --compare-src LABEL=DIR (one
 or more, comma-separated), the sasflow source tree in DIR (an older commit's
 ``src``, beside its ``bench``) is measured too, right before this one, in every
@@ -15,7 +16,8 @@ Prints one JSON line per measurement as it ends (``round``, ``entry``,
 then a markdown table of the medians across rounds and one JSON summary line.
 
 Usage: python bench/latency_rounds.py [--rounds 3] [--transports amqp,redis]
-           [--peers celery,dbos] [--compare-src old=/path/to/old/src] [--lat-n 100]
+           [--peers celery,dbos[,celery-rabbitmq]] [--compare-src old=/path/to/old/src]
+           [--lat-n 100]
 Environment: PEER_PY (a Python with celery and dbos) and PEER_DIR, as for
 bench/run.py; PEER_PG_URL (default
 postgresql://postgres@127.0.0.1:5432/postgres), PEER_REDIS_URL (default
@@ -38,11 +40,18 @@ from run import PEER_DIR, PEER_PY
 PEER_ENV = {"PEER_PG_URL": "postgresql://postgres@127.0.0.1:5432/postgres",
             "PEER_REDIS_URL": "redis://127.0.0.1:6379/13"}
 TIMEOUT_S = 185.0
-# the peers' latency runs: (script arguments, where p50/p95 are in its JSON line)
-PEERS: dict[str, tuple[list[str], tuple[str, ...]]] = {
-    "celery": (["celery.py", "--phases", "lat"], ("latency_noop",)),
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+# the peers' latency runs: (script arguments, where p50/p95 are in its JSON line, and
+# what the script's environment adds)
+PEERS: dict[str, tuple[list[str], tuple[str, ...], dict[str, str]]] = {
+    "celery": (["celery.py", "--phases", "lat"], ("latency_noop",), {}),
+    # the same chains with RabbitMQ as Celery's broker (results still in Redis): its
+    # Settings.broker_url reads CELERY_BROKER_URL before the app's own; the broker
+    # beside sasflow's own RabbitMQ row
+    "celery-rabbitmq": (["celery.py", "--phases", "lat"], ("latency_noop",),
+                        {"CELERY_BROKER_URL": AMQP_URL}),
     "dbos": (["dbos.py", "--backend", "pg", "--phases", "lat", "--lat-queue-n", "0"],
-             ("latency_noop", "direct")),
+             ("latency_noop", "direct"), {}),
 }
 
 
@@ -82,8 +91,8 @@ def sasflow(transport: str, src: str | None, lat_n: int) -> dict[str, Any]:
 
 
 def peer(name: str) -> dict[str, Any]:
-    args, path = PEERS[name]
-    env = {**PEER_ENV, **os.environ}
+    args, path, extra = PEERS[name]
+    env = {**PEER_ENV, **os.environ, **extra}
     result = run_json([PEER_PY, *args], env, PEER_DIR)
     return dig(result, path) if "error" not in result else result
 

@@ -1,0 +1,271 @@
+"""What one RabbitMQ message costs a process in each AMQP client, one at a time.
+
+A single task's path over RabbitMQ is a chain of hops, each waited for before the
+next: a step's request published and delivered, then its reply. So what a hop costs
+is the CPU of one message taken alone, not of a batch. This puts the transport's
+client beside another maintained one and beside the framing both could rest on:
+
+  aiormq   what the transport uses (amqp.py, amqp_consume.py): `basic_publish`
+           on a confirming channel, `basic_consume` and `basic_ack`
+  pika     pika's AsyncioConnection on the same loop, the same three verbs
+           (extra ``bench``: ``pip install -e '.[bench]'``)
+  pamqp    no I/O: the frames of a publish marshalled and those of a delivery
+           unmarshalled by pamqp, the protocol library both aiormq and a client
+           of sasflow's own would frame with
+
+Two measures a way, per message, alternating the ways in each round:
+
+  publish  a persistent, mandatory 200-byte message published (to a queue nobody
+           consumes) and its confirm awaited, then the next
+  hop      the same published to a queue this process consumes, delivered and
+           acked, then the next: one hop of a task's path, both ends in one
+           process
+
+Each is timed as the process's CPU and as wall time, medians over --rounds, and
+counted once as the Python and C function calls the process makes for it (a
+profile hook), the loop's own included.
+
+Usage: python bench/amqp_client_floor.py [--rounds 5] [--n 2000]
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aio_pika
+import common as C
+from amqp_publish_cost import on_a_workers_loop
+from distributed import AMQP_URL
+from pamqp import body as pamqp_body
+from pamqp import frame as pamqp_frame
+from pamqp import header as pamqp_header
+from pamqp.commands import Basic
+
+BODY = b"x" * 200
+Op = Callable[[], Awaitable[object]]
+
+
+class Aiormq:
+    """The transport's way: aiormq's verbs on aio-pika's underlying channels."""
+
+    async def open(self, queues: tuple[str, str]) -> None:
+        self.connection = await aio_pika.connect(AMQP_URL)
+        publishing = await self.connection.channel(publisher_confirms=True)
+        for queue in queues:
+            await publishing.declare_queue(queue, durable=True)
+        self.publisher = await publishing.get_underlay_channel()
+        self.consumer = await (await self.connection.channel()).get_underlay_channel()
+        self.queues = queues
+        self.delivered: asyncio.Future[None] | None = None
+
+        async def on_message(message: Any) -> None:
+            await message.channel.basic_ack(message.delivery_tag)
+            if self.delivered is not None:
+                self.delivered.set_result(None)
+        self.consuming = (await self.consumer.basic_consume(queues[1], on_message)).consumer_tag
+
+    async def publish(self, queue: str) -> None:
+        await self.publisher.basic_publish(BODY, exchange="", routing_key=queue,
+                                           properties=Basic.Properties(delivery_mode=2),
+                                           mandatory=True)
+
+    async def close(self) -> None:
+        await self.consumer.basic_cancel(self.consuming)
+        for queue in self.queues:
+            await self.publisher.queue_delete(queue)
+        await self.connection.close()
+
+
+class Pika:
+    """pika's asyncio adapter, its callbacks turned into futures."""
+
+    async def open(self, queues: tuple[str, str]) -> None:
+        import pika
+        from pika.adapters.asyncio_connection import AsyncioConnection
+
+        self.pika, loop = pika, asyncio.get_running_loop()
+        opened: asyncio.Future[Any] = loop.create_future()
+        self.connection = AsyncioConnection(
+            pika.URLParameters(AMQP_URL.rstrip("/") + "/%2F"), custom_ioloop=loop,
+            on_open_callback=opened.set_result,
+            on_open_error_callback=lambda _c, error: opened.set_exception(
+                RuntimeError(str(error))))
+        await opened
+        self.publisher = await self._channel()
+        self.confirms: collections.deque[asyncio.Future[None]] = collections.deque()
+        await self._call(self.publisher.confirm_delivery, self._confirmed)
+        for queue in queues:
+            await self._call(self.publisher.queue_declare, queue, durable=True)
+        self.consumer = await self._channel()
+        self.queues = queues
+        self.delivered: asyncio.Future[None] | None = None
+
+        def on_message(channel: Any, method: Any, properties: Any, body: bytes) -> None:
+            channel.basic_ack(method.delivery_tag)
+            if self.delivered is not None:
+                self.delivered.set_result(None)
+        self.consuming = self.consumer.basic_consume(queues[1], on_message)
+
+    async def _channel(self) -> Any:
+        opened: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.connection.channel(on_open_callback=opened.set_result)
+        return await opened
+
+    @staticmethod
+    async def _call(verb: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        verb(*args, callback=done.set_result, **kwargs)
+        return await done
+
+    def _confirmed(self, frame: Any) -> None:
+        # one at a time here: each confirm answers the oldest publish waiting
+        self.confirms.popleft().set_result(None)
+
+    async def publish(self, queue: str) -> None:
+        confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.confirms.append(confirmed)
+        self.publisher.basic_publish("", queue, BODY, mandatory=True,
+                                     properties=self.pika.BasicProperties(delivery_mode=2))
+        await confirmed
+
+    async def close(self) -> None:
+        await self._call(self.consumer.basic_cancel, self.consuming)
+        for queue in self.queues:
+            await self._call(self.publisher.queue_delete, queue)
+        closed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.connection.add_on_close_callback(lambda *_: closed.set_result(None))
+        self.connection.close()
+        await closed
+
+
+def marshal_a_publish() -> bytes:
+    return b"".join((
+        pamqp_frame.marshal(Basic.Publish(exchange="", routing_key="q", mandatory=True), 1),
+        pamqp_frame.marshal(pamqp_header.ContentHeader(
+            0, len(BODY), Basic.Properties(delivery_mode=2)), 1),
+        pamqp_frame.marshal(pamqp_body.ContentBody(BODY), 1)))
+
+
+DELIVERY = b"".join((
+    pamqp_frame.marshal(Basic.Deliver(consumer_tag="ctag1.0", delivery_tag=1, exchange="",
+                                      routing_key="q"), 1),
+    pamqp_frame.marshal(pamqp_header.ContentHeader(
+        0, len(BODY), Basic.Properties(delivery_mode=2)), 1),
+    pamqp_frame.marshal(pamqp_body.ContentBody(BODY), 1)))
+
+
+def unmarshal_a_delivery() -> None:
+    at = 0
+    while at < len(DELIVERY):
+        used, _channel, _frame = pamqp_frame.unmarshal(DELIVERY[at:])
+        at += used
+
+
+async def framed_publish() -> None:
+    marshal_a_publish()
+    pamqp_frame.unmarshal(pamqp_frame.marshal(Basic.Ack(delivery_tag=1), 1))  # its confirm
+
+
+async def framed_hop() -> None:
+    marshal_a_publish()
+    pamqp_frame.unmarshal(pamqp_frame.marshal(Basic.Ack(delivery_tag=1), 1))
+    unmarshal_a_delivery()
+    pamqp_frame.marshal(Basic.Ack(delivery_tag=1), 1)  # the consumer's ack
+
+
+def publish_of(client: Aiormq | Pika) -> Op:
+    """Publish to the queue nobody consumes."""
+    return lambda: client.publish(client.queues[0])
+
+
+def hop_of(client: Aiormq | Pika) -> Op:
+    """Publish to the consumed queue, and wait for the delivery (acked)."""
+    async def hop() -> None:
+        client.delivered = asyncio.get_running_loop().create_future()
+        await client.publish(client.queues[1])
+        await client.delivered
+    return hop
+
+
+async def timed(op: Op, n: int) -> tuple[float, float]:
+    """CPU and wall µs an op, `n` ops one after another."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(n):
+        await op()
+    return ((time.process_time() - cpu) / n * 1e6, (time.perf_counter() - wall) / n * 1e6)
+
+
+async def counted(op: Op, n: int) -> float:
+    """Function calls an op, Python's and C's, the loop's own included."""
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        if event in ("call", "c_call"):
+            calls += 1
+    sys.setprofile(count)
+    try:
+        for _ in range(n):
+            await op()
+    finally:
+        sys.setprofile(None)
+    return calls / n
+
+
+async def measure(rounds: int, n: int, ways: list[str]) -> dict[str, Any]:
+    clients: dict[str, Aiormq | Pika] = {}
+    ops: dict[str, dict[str, Op]] = {}
+    for way in ways:
+        if way == "pamqp":
+            ops[way] = {"publish": framed_publish, "hop": framed_hop}
+            continue
+        client = clients[way] = Aiormq() if way == "aiormq" else Pika()
+        name = f"bench-client-floor-{way}-{uuid.uuid4().hex[:8]}"
+        await client.open((f"{name}-kept", f"{name}-consumed"))
+        ops[way] = {"publish": publish_of(client), "hop": hop_of(client)}
+    found: dict[str, dict[str, dict[str, list[float]]]] = {
+        way: {m: {"cpu_us": [], "wall_us": []} for m in ("publish", "hop")} for way in ways}
+    calls: dict[str, dict[str, float]] = {way: {} for way in ways}
+    try:
+        for way in ways:  # warm, then count once
+            for measure_name, op in ops[way].items():
+                await timed(op, 300)
+                calls[way][measure_name] = round(await counted(op, 500), 1)
+        for round_no in range(rounds):
+            order = ways[round_no % len(ways):] + ways[:round_no % len(ways)]
+            for way in order:
+                for measure_name, op in ops[way].items():
+                    cpu, wall = await timed(op, n)
+                    found[way][measure_name]["cpu_us"].append(round(cpu, 1))
+                    found[way][measure_name]["wall_us"].append(round(wall, 1))
+    finally:
+        for client in clients.values():
+            await client.close()
+    return {"medians": {way: {m: {k: round(statistics.median(v), 1) for k, v in kinds.items()}
+                              | {"calls": calls[way][m]} for m, kinds in by.items()}
+                        for way, by in found.items()},
+            "runs": found}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--n", type=int, default=2000, help="ops a measurement")
+    ap.add_argument("--ways", default="aiormq,pika,pamqp")
+    a = ap.parse_args()
+    found = on_a_workers_loop(measure(a.rounds, a.n, a.ways.split(",")))
+    C.emit({"bench": "amqp_client_floor", "n": a.n, "rounds": a.rounds, **found})
+
+
+if __name__ == "__main__":
+    main()
