@@ -43,6 +43,7 @@ A stopped instance is not reported: it said it stopped, and holds nothing.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import threading
@@ -208,7 +209,10 @@ class AgentMetrics:
         """A request's calls (retries included), begun at `started` (time.perf_counter),
         ended by `outcome`: ok, transient, permanent or deadline (the complete-by
         passed, or the worker stopped)."""
-        self._series[outcome].observe(time.perf_counter() - started)
+        amount, series = time.perf_counter() - started, self._series[outcome]
+        # Series.observe, written out: it runs at every step, and a call is a third of it
+        series.counts[bisect.bisect_left(series.bounds, amount)] += 1
+        series.total += amount
 
 
 class _Counting:
