@@ -9,6 +9,9 @@ client beside another maintained one and beside the framing both could rest on:
            on a confirming channel, `basic_consume` and `basic_ack`
   pika     pika's AsyncioConnection on the same loop, the same three verbs
            (extra ``bench``: ``pip install -e '.[bench]'``)
+  lean     a protocol layer's floor (`Lean`): an asyncio.Protocol that frames
+           with pamqp and answers from data_received, the least a layer of
+           sasflow's own would do (no reconnection, heartbeats or flow control)
   pamqp    no I/O: the frames of a publish marshalled and those of a delivery
            unmarshalled by pamqp, the protocol library both aiormq and a client
            of sasflow's own would frame with
@@ -40,6 +43,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import common as C
@@ -48,7 +52,7 @@ from distributed import AMQP_URL
 from pamqp import body as pamqp_body
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
-from pamqp.commands import Basic
+from pamqp.commands import Basic, Channel, Confirm, Connection, Queue
 
 BODY = b"x" * 200
 Op = Callable[[], Awaitable[object]]
@@ -147,6 +151,128 @@ class Pika:
         await closed
 
 
+class Lean:
+    """The floor of a protocol layer of one's own: an `asyncio.Protocol` that frames
+    with pamqp, answers from `data_received`, and writes each publish as one write.
+
+    Only what the two measures need: the handshake (PLAIN, no heartbeats), two
+    channels, confirms, one consumer, acks. No reconnection, no flow control, no
+    returns: a measuring stick for what such a layer would cost, not a client.
+    """
+
+    async def open(self, queues: tuple[str, str]) -> None:
+        url = urlsplit(AMQP_URL)
+        loop = asyncio.get_running_loop()
+        self.opened: asyncio.Future[None] = loop.create_future()
+        self.replies: dict[int, collections.deque[asyncio.Future[Any]]] = (
+            collections.defaultdict(collections.deque))
+        self.confirms: dict[int, asyncio.Future[None]] = {}
+        self.published = 0
+        self.delivery: tuple[Any, int, list[bytes]] | None = None
+        self.delivered: asyncio.Future[None] | None = None
+        self.credentials = f"\0{url.username or 'guest'}\0{url.password or 'guest'}"
+        self.transport, _ = await loop.create_connection(
+            lambda: _LeanWire(self), url.hostname or "127.0.0.1", url.port or 5672)
+        await self.opened
+        await self.call(1, Channel.Open())
+        await self.call(1, Confirm.Select())
+        await self.call(2, Channel.Open())
+        for queue in queues:
+            await self.call(1, Queue.Declare(queue=queue, durable=True))
+        self.queues = queues
+        self.consuming = (await self.call(2, Basic.Consume(queue=queues[1]))).consumer_tag
+
+    def call(self, channel: int, method: Any) -> asyncio.Future[Any]:
+        """Send a synchronous method; its answer, in order (AMQP answers them in order)."""
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.replies[channel].append(answer)
+        self.transport.write(pamqp_frame.marshal(method, channel))
+        return answer
+
+    async def publish(self, queue: str) -> None:
+        self.published += 1
+        confirmed = self.confirms[self.published] = asyncio.get_running_loop().create_future()
+        self.transport.write(b"".join((
+            pamqp_frame.marshal(Basic.Publish(exchange="", routing_key=queue, mandatory=True), 1),
+            pamqp_frame.marshal(pamqp_header.ContentHeader(
+                0, len(BODY), Basic.Properties(delivery_mode=2)), 1),
+            pamqp_frame.marshal(pamqp_body.ContentBody(BODY), 1))))
+        await confirmed
+
+    def received(self, channel: int, frame: Any) -> None:
+        if isinstance(frame, Basic.Deliver):
+            self.delivery = (frame, 0, [])
+        elif isinstance(frame, pamqp_header.ContentHeader) and self.delivery is not None:
+            self.delivery = (self.delivery[0], frame.body_size, [])
+            if frame.body_size == 0:
+                self.delivered_whole(channel)
+        elif isinstance(frame, pamqp_body.ContentBody) and self.delivery is not None:
+            self.delivery[2].append(frame.value)
+            if sum(map(len, self.delivery[2])) >= self.delivery[1]:
+                self.delivered_whole(channel)
+        elif isinstance(frame, Basic.Ack):  # a confirm, of one publish or all up to it
+            tags = range(min(self.confirms), frame.delivery_tag + 1) if frame.multiple else (
+                frame.delivery_tag,)
+            for tag in tags:
+                confirmed = self.confirms.pop(tag, None)
+                if confirmed is not None:
+                    confirmed.set_result(None)
+        elif isinstance(frame, Connection.Start):
+            self.transport.write(pamqp_frame.marshal(Connection.StartOk(
+                client_properties={"product": "sasflow bench"}, response=self.credentials), 0))
+        elif isinstance(frame, Connection.Tune):
+            self.transport.write(pamqp_frame.marshal(Connection.TuneOk(
+                channel_max=frame.channel_max, frame_max=frame.frame_max, heartbeat=0), 0))
+            self.transport.write(pamqp_frame.marshal(Connection.Open(virtual_host="/"), 0))
+        elif isinstance(frame, Connection.OpenOk):
+            self.opened.set_result(None)
+        elif isinstance(frame, Connection.Close | Channel.Close):
+            raise RuntimeError(f"the broker closed channel {channel}: {frame.reply_text}")
+        elif self.replies[channel]:
+            self.replies[channel].popleft().set_result(frame)
+
+    def delivered_whole(self, channel: int) -> None:
+        assert self.delivery is not None
+        tag = self.delivery[0].delivery_tag
+        self.delivery = None
+        self.transport.write(pamqp_frame.marshal(Basic.Ack(delivery_tag=tag), channel))
+        if self.delivered is not None:
+            self.delivered.set_result(None)
+
+    async def close(self) -> None:
+        await self.call(2, Basic.Cancel(consumer_tag=self.consuming))
+        for queue in self.queues:
+            await self.call(1, Queue.Delete(queue=queue))
+        await self.call(0, Connection.Close(reply_code=200, reply_text="bye", class_id=0,
+                                             method_id=0))
+        self.transport.close()
+
+
+class _LeanWire(asyncio.Protocol):
+    """`Lean`'s bytes: frames cut from the stream, each handed over as it completes."""
+
+    def __init__(self, client: Lean) -> None:
+        self.client = client
+        self.buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(  # type: ignore[attr-defined]  (uvloop's is no asyncio.Transport)
+            pamqp_frame.marshal(pamqp_header.ProtocolHeader(), 0))
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer + data if self.buffer else data
+        at = 0
+        # a frame: type (1 byte), channel (2), size (4), payload, end marker (1)
+        while len(buffer) - at >= 8:
+            end = at + 8 + int.from_bytes(buffer[at + 3:at + 7])
+            if len(buffer) < end:
+                break
+            _used, channel, frame = pamqp_frame.unmarshal(buffer[at:end])
+            at = end
+            self.client.received(channel, frame)
+        self.buffer = buffer[at:]
+
+
 def marshal_a_publish() -> bytes:
     return b"".join((
         pamqp_frame.marshal(Basic.Publish(exchange="", routing_key="q", mandatory=True), 1),
@@ -182,12 +308,12 @@ async def framed_hop() -> None:
     pamqp_frame.marshal(Basic.Ack(delivery_tag=1), 1)  # the consumer's ack
 
 
-def publish_of(client: Aiormq | Pika) -> Op:
+def publish_of(client: Aiormq | Pika | Lean) -> Op:
     """Publish to the queue nobody consumes."""
     return lambda: client.publish(client.queues[0])
 
 
-def hop_of(client: Aiormq | Pika) -> Op:
+def hop_of(client: Aiormq | Pika | Lean) -> Op:
     """Publish to the consumed queue, and wait for the delivery (acked)."""
     async def hop() -> None:
         client.delivered = asyncio.get_running_loop().create_future()
@@ -222,13 +348,13 @@ async def counted(op: Op, n: int) -> float:
 
 
 async def measure(rounds: int, n: int, ways: list[str]) -> dict[str, Any]:
-    clients: dict[str, Aiormq | Pika] = {}
+    clients: dict[str, Aiormq | Pika | Lean] = {}
     ops: dict[str, dict[str, Op]] = {}
     for way in ways:
         if way == "pamqp":
             ops[way] = {"publish": framed_publish, "hop": framed_hop}
             continue
-        client = clients[way] = Aiormq() if way == "aiormq" else Pika()
+        client = clients[way] = {"aiormq": Aiormq, "pika": Pika, "lean": Lean}[way]()
         name = f"bench-client-floor-{way}-{uuid.uuid4().hex[:8]}"
         await client.open((f"{name}-kept", f"{name}-consumed"))
         ops[way] = {"publish": publish_of(client), "hop": hop_of(client)}
@@ -261,7 +387,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--n", type=int, default=2000, help="ops a measurement")
-    ap.add_argument("--ways", default="aiormq,pika,pamqp")
+    ap.add_argument("--ways", default="aiormq,pika,lean,pamqp")
     a = ap.parse_args()
     found = on_a_workers_loop(measure(a.rounds, a.n, a.ways.split(",")))
     C.emit({"bench": "amqp_client_floor", "n": a.n, "rounds": a.rounds, **found})
