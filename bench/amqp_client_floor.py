@@ -42,7 +42,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aio_pika
@@ -256,7 +256,8 @@ class _LeanWire(asyncio.Protocol):
         self.buffer = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(  # type: ignore[attr-defined]  (uvloop's is no asyncio.Transport)
+        # (uvloop's transport writes, but is no asyncio.Transport to isinstance)
+        cast(asyncio.WriteTransport, transport).write(
             pamqp_frame.marshal(pamqp_header.ProtocolHeader(), 0))
 
     def data_received(self, data: bytes) -> None:
