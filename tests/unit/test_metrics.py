@@ -149,6 +149,34 @@ def test_step_durations_are_exposed_as_the_librarys_own_histogram_would_be() -> 
                  outcome="ok") == len(observed)
 
 
+def test_an_agents_timing_lands_where_the_series_own_observation_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """AgentMetrics.took writes Series.observe out (a call less a step): fed the same
+    durations, on and beside every bound, both give the same buckets and sum."""
+    observed = [0.0, 0.0004, 0.001, 0.0010001, 0.0025, 0.3, 1.0, 7.5, 600.0, 601.0, 1e6,
+                *STEP_BUCKETS]
+    timed, reference = Metrics(), Metrics()
+    agent = timed.agent("payments")
+    series = reference.step_duration.series("payments", "ok")
+    for amount in observed:
+        # the clock reads `amount` when the request ends, having started at 0
+        monkeypatch.setattr(time, "perf_counter", lambda amount=amount: amount)
+        agent.took("ok", 0.0)
+        series.observe(amount)
+    monkeypatch.undo()
+
+    def buckets(metrics: Metrics) -> list[tuple[str, float]]:
+        return [(sample.labels.get("le", sample.name), sample.value)
+                for family in text_string_to_metric_families(
+                    generate_latest(metrics.registry).decode())
+                if family.name == "sasflow_step_duration_seconds"
+                for sample in family.samples
+                if sample.labels.get("outcome") == "ok" and "_created" not in sample.name]
+
+    assert buckets(timed) == buckets(reference)
+    assert ("+Inf", float(len(observed))) in buckets(timed)
+
+
 def runtime_request(*, within: float) -> Request:
     return Request(task_id="order-1", step="charge", phase=Phase.DO, agent="payments",
                    epoch=1, input=None, results={},
