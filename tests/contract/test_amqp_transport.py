@@ -22,11 +22,13 @@ from typing import Any
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
+from pamqp.commands import Basic
 
 from sasflow.errors import MissingExtraError, TransportError
 from sasflow.transport import Transport, agent_queue, amqp, open_transport
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE
 from sasflow.transport.amqp_consume import AmqpConsumer
+from sasflow.transport.amqp_wire import WirePublisher
 from sasflow.transport.base import ImmediateHandler
 from support.faultproxy import FaultProxy, fault_proxy
 
@@ -483,6 +485,42 @@ async def test_consuming_and_publishing_resume_after_the_connection_is_cut(
         await transport.publish(queue, b"after")  # waits for the reconnect, then sends
         await until(lambda: b"after" in got)
         assert transport._consumed[queue] > 0  # type: ignore[attr-defined]  # still consumed
+
+
+async def test_a_body_larger_than_a_frame_arrives_whole(
+        transports: Callable[..., Transport], queue: str) -> None:
+    """The transport's own publisher (amqp_wire.py) cuts a body into frames of the size
+    the broker tuned (128 KiB): 300 KB arrive as they left."""
+    transport = transports()
+    body = os.urandom(300_000)
+    async with consuming(transport, queue, prefetch=1) as got:
+        await transport.publish(queue, body)
+        await until(lambda: got == [body])
+
+
+async def test_the_publishing_connection_gives_up_a_broker_it_no_longer_hears(
+        proxy: FaultProxy, broker: AbstractRobustConnection, queue: str) -> None:
+    """The transport's own publishing connection heartbeats: with the broker's answers
+    held back (its side still hears ours, so it keeps the connection), a waiting publish
+    fails within two heartbeats instead of waiting for ever, and the next goes out on
+    a new connection. The failed one reached the broker: sent again, it is there twice,
+    at least once as the transport promises."""
+    channel = await broker.channel()
+    await channel.declare_queue(queue, durable=True)
+    await channel.close()
+    wire = WirePublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/?heartbeat=1",
+                         connect_timeout=HANG_GUARD)
+    try:
+        await wire.publish(queue, b"one", Basic.Properties(delivery_mode=2))
+        proxy.set_mode("hold-answers")
+        with pytest.raises(ConnectionError, match="two heartbeats"):
+            await asyncio.wait_for(wire.publish(queue, b"two", Basic.Properties(delivery_mode=2)),
+                                   HANG_GUARD)
+        proxy.set_mode("pass")
+        await wire.publish(queue, b"three", Basic.Properties(delivery_mode=2))
+        assert await message_count(broker, queue) == 3
+    finally:
+        await wire.close()
 
 
 async def test_a_body_over_the_limit_is_refused_before_connecting() -> None:

@@ -7,11 +7,13 @@ verbs; its connection, its consumers and its dead letters have a module each
 Built on aio-pika: the maintained asyncio client for RabbitMQ, typed, with
 robust connections (``connect_robust`` reconnects after a broker restart and
 re-declares channels and queues), publisher confirms and manual acks, the three
-things at-least-once delivery here rests on. Messages go out, and come in,
-through aiormq, the protocol layer under it (`_confirmed`, amqp_consume.py):
-aio-pika's message objects cost a message a seventh to a fifth of its CPU. So
-the consumers, which aio-pika's restore does not know, consume again themselves
-once their channel is back.
+things at-least-once delivery here rests on. Messages come in through aiormq,
+the protocol layer under it (amqp_consume.py): aio-pika's message objects cost a
+message a seventh to a fifth of its CPU. So the consumers, which aio-pika's
+restore does not know, consume again themselves once their channel is back.
+Messages to the queues go out through the transport's own publisher
+(amqp_wire.py: pamqp's frames, one write a message), on a connection of its own;
+the dead letters still through aiormq.
 
 - Queues are durable and declared on first use, by publishers and consumers
   alike, so either side may start first.
@@ -42,7 +44,7 @@ once their channel is back.
 
 - A consumer or a publish waits for RabbitMQ for as long as it takes (R2), the
   first connection included (amqp_connection.py): aio-pika retries every
-  ``reconnect_interval``, each attempt bounded by ``_CONNECT_TIMEOUT``, and its
+  ``reconnect_interval``, each attempt bounded by ``CONNECT_TIMEOUT``, and its
   per-attempt log records go to the transport's Outage instead, which says it
   once, then every 30 s. A
   publish still gives up after its patience (its caller decides what next);
@@ -76,6 +78,7 @@ from sasflow.outage import Outage
 from sasflow.redact import redact, redact_text
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE, Bundler
 from sasflow.transport.amqp_connection import (
+    CONNECT_TIMEOUT,
     CONNECTION_ERRORS,
     PERSISTENT,
     REFUSALS,
@@ -89,6 +92,7 @@ from sasflow.transport.amqp_dead_letters import (
     peek,
     purge,
 )
+from sasflow.transport.amqp_wire import MessageNacked, MessageReturned, WirePublisher, wire_url
 from sasflow.transport.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Handler,
@@ -117,6 +121,10 @@ class AmqpTransport:
 
     def __init__(self, url: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.url, self._arguments, self.policy, self.dead_letter_queue = _split_url(url)
+        # requests, replies and statuses go out on a connection of the transport's own
+        # (amqp_wire.py); aio-pika's declares, consumes and takes the dead letters
+        self._wire = (WirePublisher(self.url, connect_timeout=CONNECT_TIMEOUT)
+                      if wire_url(self.url) else None)
         self.max_message_bytes = max_message_bytes
         self._link = AmqpConnection(self.url, Outage(log, f"RabbitMQ at {redact(self.url)}"))
         self._declared: set[str] = set()  # queues the publishing channel has declared
@@ -188,12 +196,12 @@ class AmqpTransport:
     async def _confirmed(self, queue: str, body: bytes, properties: Properties, *,
                          to_dead_letters: bool) -> None:
         """Publish a message to `queue` (or to the dead-letter exchange), once confirmed.
-        `properties` are the message's own (aiormq writes its id into them).
+        `properties` are the message's own (the publisher writes its id into them).
 
-        Sent with aiormq's own publish, under aio-pika's channel: through aio-pika's
-        message object and exchange (and a timer to bound a connect that did not
-        wait), the transport's publish cost 164-202 µs of CPU a message, against
-        121-125 µs now (batches of 256, bench/amqp_publish_cost.py)."""
+        The queue is declared on aio-pika's connection, which also tells whether
+        RabbitMQ is there at all (its Outage logs a wait). The message then goes out
+        through the transport's own publisher (amqp_wire.py), or, for a dead letter
+        or a TLS URL, with aiormq's own publish under aio-pika's channel."""
         give_up = time.monotonic() + _PUBLISH_PATIENCE
         pause = 0.05
         redeclared = False
@@ -218,18 +226,21 @@ class AmqpTransport:
                         await self._declare(channel, queue)
                         self._declared.add(queue)
                     exchange = ""  # the default exchange: routed by the queue's name
+                if self._wire is not None and not to_dead_letters:
+                    await self._wire.publish(queue, body, properties)  # once confirmed
+                    return
                 underlay = await channel.get_underlay_channel()
                 # returns once the broker confirmed (publisher confirms)
                 await underlay.basic_publish(body, exchange=exchange, routing_key=queue,
                                              properties=properties, mandatory=True)
                 return
-            except aiormq.exceptions.PublishError:
+            except (aiormq.exceptions.PublishError, MessageReturned):
                 # returned unroutable: the queue was deleted since we declared it
                 if redeclared:
                     raise TransportError(f"RabbitMQ cannot route a message to {queue}") from None
                 self._declared.discard(self.dead_letter_queue if to_dead_letters else queue)
                 redeclared = True
-            except aiormq.exceptions.DeliveryError as error:
+            except (aiormq.exceptions.DeliveryError, MessageNacked) as error:
                 raise TransportError(f"RabbitMQ refused a message to {queue}: {error}") from error
             except REFUSALS as error:
                 # what the broker says of the queue itself (not permitted, declared with
@@ -287,6 +298,8 @@ class AmqpTransport:
     async def close(self) -> None:
         self._link.closed = True  # first: nothing opens the connection again
         await self._bundler.close()
+        if self._wire is not None:
+            await self._wire.close()
         await self._link.close()
 
 

@@ -4,7 +4,7 @@ One robust aio-pika connection per transport, with its publishing channel,
 shared by every publish and consumer of the transport (the consumers open their
 own channels on it). A patient caller waits for RabbitMQ for as long as it
 takes (R2), the first connection included: aio-pika retries every
-``reconnect_interval``, each attempt bounded by ``_CONNECT_TIMEOUT``, and its
+``reconnect_interval``, each attempt bounded by ``CONNECT_TIMEOUT``, and its
 per-attempt log records go to the transport's Outage instead, which says it
 once, then every 30 s. An operator's command is not patient: it fails at the
 first refusal. Also here, what a lost connection raises and the helpers that
@@ -29,11 +29,11 @@ from sasflow.errors import TransportError
 from sasflow.outage import Outage
 from sasflow.redact import redact
 
-__all__ = ["CONNECTION_ERRORS", "PERSISTENT", "REFUSALS", "STOP_TIMEOUT", "AmqpConnection",
-           "backoff", "being_cancelled", "close_quietly"]
+__all__ = ["CONNECTION_ERRORS", "CONNECT_TIMEOUT", "PERSISTENT", "REFUSALS", "STOP_TIMEOUT",
+           "AmqpConnection", "backoff", "being_cancelled", "close_quietly"]
 
 # Bounds each attempt to connect (TCP and AMQP handshakes).
-_CONNECT_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 10.0
 # Cap of the pause between attempts to open a connection cut during its handshake.
 _RECONNECT_CAP = 5.0
 # Bounds the clean-up of a stopping consumer, so a dead broker cannot hang a shutdown.
@@ -104,7 +104,7 @@ class AmqpConnection:
             try:
                 # bounds each attempt, the first and every reconnection: a broker that
                 # accepts and never answers would hold one forever
-                await connection.connect(timeout=_CONNECT_TIMEOUT)
+                await connection.connect(timeout=CONNECT_TIMEOUT)
                 publisher = await connection.channel(publisher_confirms=True,
                                                      on_return_raises=True)
             except (aiormq.exceptions.AMQPError, OSError) as error:
