@@ -12,7 +12,8 @@ from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 from pamqp.commands import Basic, Channel
 
-from sasflow.transport.amqp_wire import MessageNacked, MessageReturned, _Wire
+from sasflow.errors import ConfigurationError
+from sasflow.transport.amqp_wire import MessageNacked, MessageReturned, WirePublisher, _Wire
 
 
 class _Written:
@@ -111,3 +112,8 @@ async def test_a_body_larger_than_a_frame_goes_in_several() -> None:
     bodies = [f for f in written.frames if isinstance(f, pamqp_body.ContentBody)]
     assert len(bodies) == 3 and b"".join(b.value for b in bodies) == body
     publishing.cancel()
+
+
+def test_a_heartbeat_that_is_no_number_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="heartbeat must be a number of seconds"):
+        WirePublisher("amqp://guest:guest@127.0.0.1/?heartbeat=often", connect_timeout=1)

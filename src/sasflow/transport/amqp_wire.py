@@ -36,6 +36,8 @@ from pamqp import header as pamqp_header
 from pamqp import heartbeat as pamqp_heartbeat
 from pamqp.commands import Basic, Channel, Confirm, Connection
 
+from sasflow.errors import ConfigurationError
+
 __all__ = ["MessageNacked", "MessageReturned", "WirePublisher", "wire_url"]
 
 _CHANNEL = 1
@@ -67,8 +69,12 @@ class WirePublisher:
         self._credentials = f"\0{unquote(parts.username or 'guest')}" \
                             f"\0{unquote(parts.password or 'guest')}"
         self._vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
-        heartbeat = parse_qs(parts.query).get("heartbeat")
-        self._heartbeat = int(float(heartbeat[0])) if heartbeat else None
+        heartbeat = parse_qs(parts.query).get("heartbeat", [None])[0]
+        try:
+            self._heartbeat = None if heartbeat is None else int(float(heartbeat))
+        except ValueError:
+            raise ConfigurationError(f"heartbeat must be a number of seconds, got"
+                                     f" {heartbeat!r}") from None
         self._connect_timeout = connect_timeout
         self._wire: _Wire | None = None
         self._opening: asyncio.Future[_Wire] | None = None
