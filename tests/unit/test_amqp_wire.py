@@ -4,7 +4,7 @@ frames by hand: which publish each confirm, nack or return settles."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pamqp import body as pamqp_body
@@ -46,7 +46,7 @@ def _from_broker(wire: _Wire, *frames: Any) -> None:
 
 async def _publishing(count: int) -> tuple[_Wire, _Written, list[asyncio.Task[None]]]:
     wire, written = _Wire("\0guest\0guest", "/", None), _Written()
-    wire.connection_made(written)  # type: ignore[arg-type]
+    wire.connection_made(cast(asyncio.BaseTransport, written))  # writes are all it uses
     publishes = [asyncio.create_task(
         wire.publish("q", b"body", Basic.Properties(delivery_mode=2))) for _ in range(count)]
     await asyncio.sleep(0)  # each written
@@ -104,7 +104,7 @@ async def test_a_channel_the_broker_closed_fails_every_waiting_publish_and_the_n
 
 async def test_a_body_larger_than_a_frame_goes_in_several() -> None:
     wire, written = _Wire("\0guest\0guest", "/", None), _Written()
-    wire.connection_made(written)  # type: ignore[arg-type]
+    wire.connection_made(cast(asyncio.BaseTransport, written))  # writes are all it uses
     wire._frame_max = 4096  # what the broker tuned
     body = bytes(range(256)) * 40  # 10,240 bytes
     publishing = asyncio.create_task(wire.publish("q", body, Basic.Properties()))
