@@ -17,7 +17,6 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
-from typing import Any
 
 import aio_pika
 import pytest
@@ -27,8 +26,9 @@ from pamqp.commands import Basic
 from sasflow.errors import MissingExtraError, TransportError
 from sasflow.transport import Transport, agent_queue, amqp, open_transport
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE
-from sasflow.transport.amqp_consume import AmqpConsumer
-from sasflow.transport.amqp_wire import WirePublisher
+from sasflow.transport.amqp_wire import WireAddress
+from sasflow.transport.amqp_wire_consume import ConsumingWire
+from sasflow.transport.amqp_wire_publish import WirePublisher
 from sasflow.transport.base import ImmediateHandler
 from support.faultproxy import FaultProxy, fault_proxy
 
@@ -390,17 +390,17 @@ async def test_the_work_an_immediate_handler_wakes_runs_before_the_ack(
     assert isinstance(transport, amqp.AmqpTransport)
     order: list[str] = []
     woken = asyncio.Event()
-    settle = AmqpConsumer._settle
+    write_settled = ConsumingWire._write_settled
 
-    async def settled(self: AmqpConsumer, *args: Any) -> None:
+    def settled(self: ConsumingWire) -> None:  # the acks' write to the socket
         order.append("ack")
-        await settle(self, *args)
+        write_settled(self)
 
     async def driver() -> None:  # as a scheduler's driver waits for its reply
         await woken.wait()
         order.append("woken work")
 
-    monkeypatch.setattr(AmqpConsumer, "_settle", settled)
+    monkeypatch.setattr(ConsumingWire, "_write_settled", settled)
     waiting = asyncio.create_task(driver())
     consumer = asyncio.create_task(transport.consume(
         own_queue, ImmediateHandler(lambda body: woken.set()), prefetch=4))
@@ -489,7 +489,7 @@ async def test_consuming_and_publishing_resume_after_the_connection_is_cut(
 
 async def test_a_body_larger_than_a_frame_arrives_whole(
         transports: Callable[..., Transport], queue: str) -> None:
-    """The transport's own publisher (amqp_wire.py) cuts a body into frames of the size
+    """The transport's own publisher (amqp_wire_publish.py) cuts a body into frames of the size
     the broker tuned (128 KiB): 300 KB arrive as they left."""
     transport = transports()
     body = os.urandom(300_000)
@@ -508,7 +508,7 @@ async def test_the_publishing_connection_gives_up_a_broker_it_no_longer_hears(
     channel = await broker.channel()
     await channel.declare_queue(queue, durable=True)
     await channel.close()
-    wire = WirePublisher(f"amqp://guest:guest@127.0.0.1:{proxy.port}/?heartbeat=1",
+    wire = WirePublisher(WireAddress(f"amqp://guest:guest@127.0.0.1:{proxy.port}/?heartbeat=1"),
                          connect_timeout=HANG_GUARD)
     try:
         await wire.publish(queue, b"one", Basic.Properties(delivery_mode=2))

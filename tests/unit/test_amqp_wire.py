@@ -1,5 +1,6 @@
-"""The RabbitMQ transport's own publisher (transport/amqp_wire.py), fed the broker's
-frames by hand: which publish each confirm, nack or return settles."""
+"""The RabbitMQ transport's own connections (transport/amqp_wire*.py), fed the
+broker's frames by hand: which publish each confirm, nack or return settles; how
+a consumer's deliveries are assembled and its acks written."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ import pytest
 from pamqp import body as pamqp_body
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
-from pamqp.commands import Basic, Channel
+from pamqp.commands import Basic, Channel, Queue
 
 from sasflow.errors import ConfigurationError
-from sasflow.transport.amqp_wire import MessageNacked, MessageReturned, WirePublisher, _Wire
+from sasflow.transport.amqp_wire import ChannelRefused, Wire, WireAddress
+from sasflow.transport.amqp_wire_consume import ConsumingWire
+from sasflow.transport.amqp_wire_publish import MessageNacked, MessageReturned, PublishingWire
+
+_ADDRESS = WireAddress("amqp://guest:guest@127.0.0.1/")
 
 
 class _Written:
@@ -21,9 +26,11 @@ class _Written:
 
     def __init__(self) -> None:
         self.frames: list[Any] = []
+        self.writes = 0
         self.closed = False
 
     def write(self, data: bytes) -> None:
+        self.writes += 1
         at = 0
         while at < len(data):
             if data[at:at + 4] == b"AMQP":  # the protocol header
@@ -40,13 +47,19 @@ class _Written:
         self.closed = True
 
 
-def _from_broker(wire: _Wire, *frames: Any) -> None:
+def _from_broker(wire: Wire, *frames: Any) -> None:
     wire.data_received(b"".join(pamqp_frame.marshal(f, 1) for f in frames))
 
 
-async def _publishing(count: int) -> tuple[_Wire, _Written, list[asyncio.Task[None]]]:
-    wire, written = _Wire("\0guest\0guest", "/", None), _Written()
+def _connected(wire: Wire) -> _Written:
+    written = _Written()
     wire.connection_made(cast(asyncio.BaseTransport, written))  # writes are all it uses
+    return written
+
+
+async def _publishing(count: int) -> tuple[PublishingWire, _Written, list[asyncio.Task[None]]]:
+    wire = PublishingWire(_ADDRESS)
+    written = _connected(wire)
     publishes = [asyncio.create_task(
         wire.publish("q", b"body", Basic.Properties(delivery_mode=2))) for _ in range(count)]
     await asyncio.sleep(0)  # each written
@@ -103,9 +116,9 @@ async def test_a_channel_the_broker_closed_fails_every_waiting_publish_and_the_n
 
 
 async def test_a_body_larger_than_a_frame_goes_in_several() -> None:
-    wire, written = _Wire("\0guest\0guest", "/", None), _Written()
-    wire.connection_made(cast(asyncio.BaseTransport, written))  # writes are all it uses
-    wire._frame_max = 4096  # what the broker tuned
+    wire = PublishingWire(_ADDRESS)
+    written = _connected(wire)
+    wire.frame_max = 4096  # what the broker tuned
     body = bytes(range(256)) * 40  # 10,240 bytes
     publishing = asyncio.create_task(wire.publish("q", body, Basic.Properties()))
     await asyncio.sleep(0)
@@ -116,4 +129,90 @@ async def test_a_body_larger_than_a_frame_goes_in_several() -> None:
 
 def test_a_heartbeat_that_is_no_number_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="heartbeat must be a number of seconds"):
-        WirePublisher("amqp://guest:guest@127.0.0.1/?heartbeat=often", connect_timeout=1)
+        WireAddress("amqp://guest:guest@127.0.0.1/?heartbeat=often")
+
+
+def test_an_amqps_url_connects_over_tls_with_aio_pikas_options() -> None:
+    plain = WireAddress("amqp://u:p%40ss@mq/vhost")
+    assert (plain.port, plain.vhost, plain.credentials, plain.ssl_context()) == (
+        5672, "vhost", "\0u\0p@ss", None)
+    checked = WireAddress("amqps://mq/").ssl_context()
+    assert checked is not None and checked.check_hostname
+    assert WireAddress("amqps://mq/").port == 5671
+    unchecked = WireAddress("amqps://mq:5000/?no_verify_ssl=1").ssl_context()
+    assert unchecked is not None and not unchecked.check_hostname
+
+
+# ------------------------------------------------------------ consuming
+def _consuming() -> tuple[ConsumingWire, _Written, list[tuple[int, bool, bytes]]]:
+    got: list[tuple[int, bool, bytes]] = []
+    wire = ConsumingWire(_ADDRESS, lambda _wire, tag, again, _properties, body:
+                         got.append((tag, again, body)))
+    return wire, _connected(wire), got
+
+
+def _delivery(tag: int, body: bytes, *, frame_size: int = 1000,
+              redelivered: bool = False) -> bytes:
+    frames: list[Any] = [Basic.Deliver(consumer_tag="c", delivery_tag=tag, redelivered=redelivered,
+                            exchange="", routing_key="q"),
+              pamqp_header.ContentHeader(0, len(body), Basic.Properties()),
+              *(pamqp_body.ContentBody(body[at:at + frame_size])
+                for at in range(0, len(body), frame_size))]
+    return b"".join(pamqp_frame.marshal(f, 1) for f in frames)
+
+
+async def test_a_delivery_is_handed_over_once_whole_however_the_socket_cuts_it() -> None:
+    wire, _written, got = _consuming()
+    stream = _delivery(1, b"x" * 2500) + _delivery(2, b"", redelivered=True) + _delivery(
+        3, b"three")
+    for at in range(0, len(stream), 7):  # seven bytes a read: frames cut anywhere
+        wire.data_received(stream[at:at + 7])
+    assert got == [(1, False, b"x" * 2500), (2, True, b""), (3, False, b"three")]
+
+
+async def test_the_acks_of_one_read_go_out_together_at_the_loops_next_turn() -> None:
+    wire, written, _got = _consuming()
+    before = written.writes
+    assert wire.ack(1) and wire.nack(2) and wire.ack(3)
+    assert written.writes == before  # not yet: what the handlers woke goes first
+    await asyncio.sleep(0)
+    assert written.writes == before + 1
+    acks = written.frames[-3:]
+    assert [type(f) for f in acks] == [Basic.Ack, Basic.Nack, Basic.Ack]
+    assert [f.delivery_tag for f in acks] == [1, 2, 3] and acks[1].requeue
+
+
+async def test_an_ack_on_a_connection_that_ended_is_dropped() -> None:
+    wire, written, _got = _consuming()
+    wire.connection_lost(None)
+    assert wire.ended.done() and written.closed
+    assert not wire.ack(1)
+    await asyncio.sleep(0)
+    assert not any(isinstance(f, Basic.Ack) for f in written.frames)
+
+
+async def test_the_broker_cancelling_the_consumer_ends_its_connection() -> None:
+    wire, written, _got = _consuming()
+    _from_broker(wire, Basic.Cancel(consumer_tag="c"))
+    assert wire.ended.done() and written.closed
+    assert "queue was deleted" in str(wire.lost)
+
+
+async def test_a_stopped_consumer_takes_no_more_deliveries_and_says_so() -> None:
+    wire, written, got = _consuming()
+    wire.consumer_tag = "c"
+    wire.data_received(_delivery(1, b"one"))
+    wire.stop()
+    wire.data_received(_delivery(2, b"two"))
+    assert [tag for tag, _, _ in got] == [1]
+    assert isinstance(written.frames[-1], Basic.Cancel)
+
+
+async def test_a_queue_the_broker_refuses_fails_its_declare_for_good() -> None:
+    wire, written, _got = _consuming()
+    declaring = wire.call(Queue.Declare(queue="q", durable=True), Queue.DeclareOk)
+    _from_broker(wire, Channel.Close(reply_code=406, reply_text="PRECONDITION_FAILED",
+                                     class_id=50, method_id=10))
+    with pytest.raises(ChannelRefused, match="406"):
+        await declaring
+    assert wire.ended.done() and written.closed

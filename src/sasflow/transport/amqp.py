@@ -7,13 +7,13 @@ verbs; its connection, its consumers and its dead letters have a module each
 Built on aio-pika: the maintained asyncio client for RabbitMQ, typed, with
 robust connections (``connect_robust`` reconnects after a broker restart and
 re-declares channels and queues), publisher confirms and manual acks, the three
-things at-least-once delivery here rests on. Messages come in through aiormq,
-the protocol layer under it (amqp_consume.py): aio-pika's message objects cost a
-message a seventh to a fifth of its CPU. So the consumers, which aio-pika's
-restore does not know, consume again themselves once their channel is back.
-Messages to the queues go out through the transport's own publisher
-(amqp_wire.py: pamqp's frames, one write a message), on a connection of its own;
-the dead letters still through aiormq.
+things at-least-once delivery here rests on. It declares the publisher's queues,
+tells whether RabbitMQ is there at all, and carries the dead letters and the
+operator's verbs. The messages of a task's path (requests, replies, statuses)
+travel on connections of the transport's own instead (amqp_wire.py: pamqp's
+frames over an `asyncio.Protocol`): one for the publisher
+(amqp_wire_publish.py), one per consumer (amqp_wire_consume.py). Through aiormq,
+a hop cost 2.3 times this layer's floor of CPU.
 
 - Queues are durable and declared on first use, by publishers and consumers
   alike, so either side may start first.
@@ -92,7 +92,8 @@ from sasflow.transport.amqp_dead_letters import (
     peek,
     purge,
 )
-from sasflow.transport.amqp_wire import MessageNacked, MessageReturned, WirePublisher, wire_url
+from sasflow.transport.amqp_wire import WireAddress
+from sasflow.transport.amqp_wire_publish import MessageNacked, MessageReturned, WirePublisher
 from sasflow.transport.base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     Handler,
@@ -120,13 +121,15 @@ class AmqpTransport:
     shared = True
 
     def __init__(self, url: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
-        self.url, self._arguments, self.policy, self.dead_letter_queue = _split_url(url)
-        # requests, replies and statuses go out on a connection of the transport's own
-        # (amqp_wire.py); aio-pika's declares, consumes and takes the dead letters
-        self._wire = (WirePublisher(self.url, connect_timeout=CONNECT_TIMEOUT)
-                      if wire_url(self.url) else None)
+        self.url, self.queue_arguments, self.policy, self.dead_letter_queue = _split_url(url)
+        # requests, replies and statuses go out on a connection of the transport's own,
+        # and each consumer has one (amqp_wire.py); aio-pika declares for the
+        # publisher, and takes the dead letters
+        self.address = WireAddress(self.url)
+        self._wire = WirePublisher(self.address, connect_timeout=CONNECT_TIMEOUT)
         self.max_message_bytes = max_message_bytes
-        self._link = AmqpConnection(self.url, Outage(log, f"RabbitMQ at {redact(self.url)}"))
+        self.outage = Outage(log, f"RabbitMQ at {redact(self.url)}")
+        self._link = AmqpConnection(self.url, self.outage)
         self._declared: set[str] = set()  # queues the publishing channel has declared
         self._consumed: dict[str, int] = {}  # consumers running in this process, by queue
         self._bundler = Bundler(self._send, max_bytes=max_message_bytes)
@@ -136,7 +139,7 @@ class AmqpTransport:
         await self._link.connect(patient=False)
 
     async def _declare(self, channel: AbstractChannel, queue: str) -> AbstractQueue:
-        return await channel.declare_queue(queue, durable=True, arguments=self._arguments)
+        return await channel.declare_queue(queue, durable=True, arguments=self.queue_arguments)
 
     async def _declare_dead_letters(self, channel: AbstractChannel) -> AbstractExchange:
         """The dead-letter exchange, with its durable queue bound, declared once per channel
@@ -200,8 +203,8 @@ class AmqpTransport:
 
         The queue is declared on aio-pika's connection, which also tells whether
         RabbitMQ is there at all (its Outage logs a wait). The message then goes out
-        through the transport's own publisher (amqp_wire.py), or, for a dead letter
-        or a TLS URL, with aiormq's own publish under aio-pika's channel."""
+        through the transport's own publisher (amqp_wire_publish.py), or, for a dead
+        letter, with aiormq's own publish under aio-pika's channel."""
         give_up = time.monotonic() + _PUBLISH_PATIENCE
         pause = 0.05
         redeclared = False
@@ -226,7 +229,7 @@ class AmqpTransport:
                         await self._declare(channel, queue)
                         self._declared.add(queue)
                     exchange = ""  # the default exchange: routed by the queue's name
-                if self._wire is not None and not to_dead_letters:
+                if not to_dead_letters:
                     await self._wire.publish(queue, body, properties)  # once confirmed
                     return
                 underlay = await channel.get_underlay_channel()
@@ -298,8 +301,7 @@ class AmqpTransport:
     async def close(self) -> None:
         self._link.closed = True  # first: nothing opens the connection again
         await self._bundler.close()
-        if self._wire is not None:
-            await self._wire.close()
+        await self._wire.close()
         await self._link.close()
 
 

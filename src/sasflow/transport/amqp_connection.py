@@ -1,8 +1,9 @@
 """The RabbitMQ transport's connection: opened once, waited for, its outages logged.
 
-One robust aio-pika connection per transport, with its publishing channel,
-shared by every publish and consumer of the transport (the consumers open their
-own channels on it). A patient caller waits for RabbitMQ for as long as it
+One robust aio-pika connection per transport, with its channel: it declares
+the publisher's queues, says whether RabbitMQ is there at all, and carries the
+dead letters and the operator's verbs (the messages themselves travel on the
+transport's own connections, amqp_wire.py). A patient caller waits for RabbitMQ for as long as it
 takes (R2), the first connection included: aio-pika retries every
 ``reconnect_interval``, each attempt bounded by ``CONNECT_TIMEOUT``, and its
 per-attempt log records go to the transport's Outage instead, which says it

@@ -1,7 +1,9 @@
-"""The RabbitMQ transport's consumers: one channel each, acks once handled.
+"""The RabbitMQ transport's consumers: one connection each, acks once handled.
 
-Each ``consume`` has its own channel with ``basic.qos(prefetch)`` and runs at
-most ``prefetch`` handlers at once, whatever the bundles (amqp_bundle.py) hold.
+Each ``consume`` has a connection of its own (amqp_wire_consume.py) with
+``basic.qos(prefetch)`` and runs at most ``prefetch`` handlers at once, whatever
+the bundles (amqp_bundle.py) hold. An immediate handler (a scheduler's replies)
+runs as its message is read, with no task; any other in a task of its own.
 It acks a message (or a bundle) once every handler returned. A consumer that
 stops, or a process that dies, leaves its unacked messages (whole bundles) to
 the broker, which redelivers them to another consumer.
@@ -18,33 +20,24 @@ delivery more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
 from typing import TYPE_CHECKING
 
-import aiormq
-import aiormq.abc
 import msgspec
-from aio_pika.abc import AbstractRobustChannel
-from aiormq.abc import DeliveredMessage
+from pamqp.commands import Basic
 
 from sasflow.errors import TransportError
 from sasflow.transport.amqp_bundle import BUNDLE_TYPE, decode_bundle
-from sasflow.transport.amqp_connection import (
-    CONNECTION_ERRORS,
-    REFUSALS,
-    STOP_TIMEOUT,
-    backoff,
-    being_cancelled,
-    close_quietly,
-)
+from sasflow.transport.amqp_connection import CONNECT_TIMEOUT, STOP_TIMEOUT, backoff
 from sasflow.transport.amqp_dead_letters import (
     DELIVERIES,
     FIRST_SEEN,
     number,
 )
+from sasflow.transport.amqp_wire import ChannelRefused, open_wire
+from sasflow.transport.amqp_wire_consume import ConsumingWire
 from sasflow.transport.base import Handler, ImmediateHandler
 from sasflow.transport.dead_letter import MalformedMessage, letter_for, log_dead_letter
 
@@ -55,107 +48,147 @@ __all__ = ["AmqpConsumer"]
 
 log = logging.getLogger("sasflow.transport.amqp")
 
+# A failed message: its body and its handler's error.
+Failure = tuple[bytes, Exception]
+
 
 class AmqpConsumer:
-    """One ``consume`` of a queue: its channel, its running handlers, and how each
+    """One ``consume`` of a queue: its connection, its running handlers, and how each
     message is settled. Publishes through its transport (a failed message sent
     again, or to the dead letters)."""
 
     def __init__(self, transport: AmqpTransport, queue: str, handler: Handler, *,
                  prefetch: int, consumed: dict[str, int]) -> None:
         self.transport, self.queue, self.handler = transport, queue, handler
+        self.immediate = handler if isinstance(handler, ImmediateHandler) else None
         self.prefetch = max(1, prefetch)
         self.consumed = consumed  # consumers running in this process, by queue
-        self.running: set[asyncio.Task[object]] = set()
+        self.running: set[asyncio.Task[None]] = set()
         # messages handled, being settled (dead-lettered, sent again, acked): finished
         # even if the consumer stops meanwhile (`_settle`)
         self.settling: set[asyncio.Future[None]] = set()
         # bundles hold several messages each: `prefetch` bounds the handlers running
         self.slots = asyncio.Semaphore(self.prefetch)
-        self.channel: AbstractRobustChannel | None = None
 
     async def run(self) -> None:
-        """Consume until cancelled. After a lost connection or channel, or a consumer
-        the broker cancelled (its queue deleted), it consumes again (R2)."""
-        queue = self.queue
+        """Consume until cancelled. After a lost connection, or a consumer the broker
+        cancelled (its queue deleted), it consumes again (R2)."""
+        queue, outage = self.queue, self.transport.outage
         # counted from the start: a consumer counts as soon as consuming begins
         self.consumed[queue] = self.consumed.get(queue, 0) + 1
+        wire: ConsumingWire | None = None
         try:
             while True:
-                underlay, tag, ended = await self._set_up()
-                try:
-                    await ended  # the channel closed, or the broker cancelled the consumer
-                finally:
-                    if not ended.done():  # stopped: take the consumer off, if still there
-                        with contextlib.suppress(Exception):
-                            async with asyncio.timeout(STOP_TIMEOUT):
-                                await underlay.basic_cancel(tag)
-                log.info("the consumer of %s ended (its channel closed, or the broker"
-                         " cancelled it); consuming again", queue)
-        except (aiormq.exceptions.AMQPError, *CONNECTION_ERRORS) as error:
-            raise TransportError(f"cannot consume {queue}: {error!r}") from error
+                wire = await self._set_up()
+                await asyncio.shield(wire.ended)  # lost, or the broker cancelled the consumer
+                log.info("the consumer of %s ended (%s); consuming again", queue, wire.lost)
+        except ChannelRefused as error:
+            raise TransportError(f"cannot consume {queue}: RabbitMQ refuses it: {error}"
+                                 ) from error
         finally:
             self.consumed[queue] -= 1
+            outage.left(self)
+            if wire is not None:
+                wire.stop()
             for task in list(self.running):
                 task.cancel()
             if self.running:
                 await asyncio.gather(*self.running, return_exceptions=True)
-            if self.settling:  # on this channel, which must stay open for their acks
+            if self.settling:  # on this connection, which must stay open for their acks
                 _, late = await asyncio.wait(self.settling, timeout=STOP_TIMEOUT)
                 for settle in late:  # (a redelivery's backoff): the broker takes it back
                     settle.cancel()
-            # unacked messages (in flight or prefetched) go back to the queue
-            await self._drop_channel()
+            if wire is not None:  # unacked messages (in flight or prefetched) go back
+                await wire.close()
 
-    async def _set_up(self) -> tuple[aiormq.abc.AbstractChannel, str, asyncio.Future[None]]:
-        """The consumer on a channel of its own with its prefetch, the queue declared;
-        with the future that ends when the consumer or its channel goes. Tried until it
-        works (R2), but for a queue the broker refuses as declared: no retry helps.
-
-        The consumer is aiormq's own, under aio-pika's channel: aio-pika's wraps each
-        delivery in a message object and a second task, a seventh of a delivery's CPU
-        (153-163 µs a delivery against 132-139, bench/amqp_consume_cost.py).
-        aio-pika restores a robust channel after a lost connection (its prefetch,
-        its queue), but knows nothing of this consumer: this loop waits for the
-        channel to be back and consumes on it again."""
+    async def _set_up(self) -> ConsumingWire:
+        """The consumer on a connection of its own, with its prefetch, the queue
+        declared. Tried until it works (R2), but for a queue the broker refuses as
+        declared: no retry helps."""
+        transport, outage = self.transport, self.transport.outage
         for attempt in itertools.count(1):
             try:
-                if self.channel is None:
-                    connection, _ = await self.transport._link.connect()
-                    self.channel = await connection.channel(publisher_confirms=False)
-                    await self.channel.set_qos(prefetch_count=self.prefetch)
-                else:
-                    await self.channel.ready()  # (restored: at once if it never went)
-                # declared again each time: a queue deleted under its consumer comes back
-                await self.transport._declare(self.channel, self.queue)
-                underlay = await self.channel.get_underlay_channel()
-                ended = _ended_when(underlay)
-                consuming = await underlay.basic_consume(self.queue, self._on_message,
-                                                         no_ack=False)
-                assert consuming.consumer_tag is not None
-                return underlay, consuming.consumer_tag, ended
-            except REFUSALS:
-                raise  # the broker refuses this queue as declared: no retry helps
-            except (*CONNECTION_ERRORS, TimeoutError, asyncio.CancelledError) as error:
-                if isinstance(error, asyncio.CancelledError) and being_cancelled():
+                wire = await open_wire(transport.address,
+                                       lambda: ConsumingWire(transport.address, self._delivered),
+                                       within=CONNECT_TIMEOUT)
+                try:
+                    await wire.consume(self.queue, arguments=transport.queue_arguments,
+                                       prefetch=self.prefetch)
+                except BaseException:
+                    wire.abort()
                     raise
-                # the connection went while the consumer was being set up (aiormq
-                # cancels what waited on it): it is reconnecting, so set up again (R2)
-                if self.channel is not None and self.channel.is_closed:
-                    await self._drop_channel()  # closed for good: a new one
-                self.transport._link.outage.failed(error)
+            except ConnectionError as error:
+                outage.failed(error, by=self)
                 await asyncio.sleep(backoff(attempt))
+                continue
+            outage.recovered(by=self)
+            return wire
         raise AssertionError("unreachable")
 
-    async def _drop_channel(self) -> None:
-        if self.channel is not None:
-            channel, self.channel = self.channel, None
-            await close_quietly(channel)
+    def _delivered(self, wire: ConsumingWire, tag: int, redelivered: bool,
+                   properties: Basic.Properties, body: bytes) -> None:
+        """A delivery, whole: an immediate handler's at once, any other's in a task."""
+        if self.immediate is None:
+            task = asyncio.ensure_future(
+                self._handle_delivery(wire, tag, redelivered, properties, body))
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
+            return
+        if properties.content_type != BUNDLE_TYPE:
+            error = self._handle_now(self.immediate, body)
+            failures = [] if error is None else [(body, error)]
+        else:
+            failures = [(each, error) for each, error in self._handle_bundle_now(body)
+                        if error is not None]
+        if not failures:
+            # written at the loop's next turn: what the handler set going (a
+            # scheduler's driver, woken by its reply, writing the step's transition)
+            # takes this turn first, so the ack's write is not on the task's path
+            wire.ack(tag)
+            return
+        self._settle_failures(wire, tag, redelivered, properties, failures)
+
+    async def _handle_delivery(self, wire: ConsumingWire, tag: int, redelivered: bool,
+                               properties: Basic.Properties, body: bytes) -> None:
+        if properties.content_type != BUNDLE_TYPE:
+            failed = [(body, await self._handle(body))]
+        else:
+            failed = await self._handle_bundle(body)
+        failures = [(each, error) for each, error in failed if error is not None]
+        if not failures:
+            wire.ack(tag)
+            return
+        # A failure is settled whatever comes. A consumer stopped while a dead letter
+        # was on its way lost the letter's log line and acked nothing (so the message
+        # came back, to be dead-lettered twice); it now waits for what it settles.
+        await asyncio.shield(self._settle_failures(wire, tag, redelivered, properties,
+                                                   failures))
+
+    def _settle_failures(self, wire: ConsumingWire, tag: int, redelivered: bool,
+                         properties: Basic.Properties, failures: list[Failure]
+                         ) -> asyncio.Future[None]:
+        # failed deliveries before this one; a redelivery by the broker means a
+        # consumer died holding it: one more
+        headers = properties.headers or {}
+        before = int(number(headers.get(DELIVERIES))) + bool(redelivered)
+        first_seen = float(number(headers.get(FIRST_SEEN)))
+        settle = asyncio.ensure_future(self._settle(wire, tag, failures, before, first_seen))
+        self.settling.add(settle)
+        settle.add_done_callback(self.settling.discard)
+        return settle
+
+    async def _settle(self, wire: ConsumingWire, tag: int, failures: list[Failure],
+                      before: int, first_seen: float) -> None:
+        settled = await asyncio.gather(*(
+            self._after_failure(body, before + 1, first_seen, error)
+            for body, error in failures))
+        # on the connection that delivered it: a delivery tag means nothing on another
+        if not (wire.ack(tag) if all(settled) else wire.nack(tag)):
+            # the connection is gone: the broker delivers the unacked message again
+            log.info("could not settle a message of %s: %s", self.queue, wire.lost)
 
     async def _handle(self, body: bytes) -> Exception | None:
         """The handler's error, if it raised (bounded by the slots)."""
-        if isinstance(self.handler, ImmediateHandler):
-            return self._handle_now(self.handler, body)
         async with self.slots:
             try:
                 await self.handler(body)
@@ -164,69 +197,21 @@ class AmqpConsumer:
                 return error
             return None
 
-    async def _on_message(self, message: DeliveredMessage) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.running.add(task)
-        try:
-            # failed deliveries before this one; a redelivery by the broker
-            # means a consumer died holding it: one more
-            properties = message.header.properties
-            headers = properties.headers or {}
-            before = int(number(headers.get(DELIVERIES))) + bool(message.redelivered)
-            first_seen = float(number(headers.get(FIRST_SEEN)))
-            if properties.content_type != BUNDLE_TYPE:
-                failed = [(message.body, await self._handle(message.body))]
-            else:
-                failed = await self._handle_bundle(message.body)
-        finally:
-            self.running.discard(task)
-        failures = [(body, error) for body, error in failed if error is not None]
-        if not failures:
-            if isinstance(self.handler, ImmediateHandler):
-                # what the handler set going (a scheduler's driver, woken by its reply,
-                # writing the step's transition) takes its turn of the loop before the
-                # ack's frame takes the socket: the ack waits, the task's path does not
-                await asyncio.sleep(0)
-            await self._settle(message, failures, before, first_seen)  # the ack alone
-            return
-        # A failure is settled whatever comes. A consumer stopped while a dead letter
-        # was on its way lost the letter's log line and acked nothing (so the message
-        # came back, to be dead-lettered twice); it now waits for what it settles.
-        settle = asyncio.ensure_future(self._settle(message, failures, before, first_seen))
-        self.settling.add(settle)
-        settle.add_done_callback(self.settling.discard)
-        await asyncio.shield(settle)
-
-    async def _settle(self, message: DeliveredMessage,
-                      failures: list[tuple[bytes, Exception]], before: int,
-                      first_seen: float) -> None:
-        try:
-            settled = await asyncio.gather(*(
-                self._after_failure(body, before + 1, first_seen, error)
-                for body, error in failures)) if failures else []
-            # on the channel that delivered it: a delivery tag means nothing on another
-            tag = message.delivery_tag
-            assert tag is not None
-            if all(settled):
-                await message.channel.basic_ack(tag)
-            else:  # could not be sent again: the broker keeps the whole message
-                await message.channel.basic_nack(tag, requeue=True)
-        except CONNECTION_ERRORS as error:
-            # the channel is gone: the broker redelivers the unacked message
-            log.info("could not settle a message of %s: %r", self.queue, error)
-
     async def _handle_bundle(self, payload: bytes) -> list[tuple[bytes, Exception | None]]:
         """Handle each message of a bundle; each body with its handler's error, if any."""
-        try:
-            bodies = decode_bundle(payload)
-        except msgspec.DecodeError as error:  # the bundle itself is the dead letter
-            return [(payload, MalformedMessage(f"not a bundle: {error}"))]
-        if isinstance(self.handler, ImmediateHandler):  # one by one, with no task each
-            handler = self.handler
-            return [(body, self._handle_now(handler, body)) for body in bodies]
+        bodies = _unbundled(payload)
+        if isinstance(bodies, MalformedMessage):  # the bundle itself is the dead letter
+            return [(payload, bodies)]
         errors = await asyncio.gather(*(self._handle(body) for body in bodies))
         return list(zip(bodies, errors, strict=True))
+
+    def _handle_bundle_now(self, payload: bytes) -> list[tuple[bytes, Exception | None]]:
+        """`_handle_bundle` for an immediate handler: one by one, with no task each."""
+        assert self.immediate is not None
+        bodies = _unbundled(payload)
+        if isinstance(bodies, MalformedMessage):
+            return [(payload, bodies)]
+        return [(body, self._handle_now(self.immediate, body)) for body in bodies]
 
     def _handle_now(self, handler: ImmediateHandler, body: bytes) -> Exception | None:
         """The error of a handler that never waits, if it raised (it takes no slot)."""
@@ -262,22 +247,9 @@ class AmqpConsumer:
         return True
 
 
-def _ended_when(channel: aiormq.abc.AbstractChannel) -> asyncio.Future[None]:
-    """A future that ends when `channel` (aiormq's) closes, or when the broker cancels a
-    consumer on it (its queue was deleted): either way, nothing more comes."""
-    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    closing = channel.closing  # an observer of its own: cancelled, it only stops observing
-
-    def end(*_: object) -> None:
-        if not ended.done():
-            ended.set_result(None)
-
-    def forget(_: asyncio.Future[None]) -> None:
-        # a consumer set up again on the same channel watches it anew: nothing piles up
-        channel.on_consumer_cancel_callbacks.discard(end)
-        closing.cancel()
-
-    closing.add_done_callback(end)
-    channel.on_consumer_cancel_callbacks.add(end)
-    ended.add_done_callback(forget)
-    return ended
+def _unbundled(payload: bytes) -> list[bytes] | MalformedMessage:
+    """A bundle's messages, or why it is none."""
+    try:
+        return decode_bundle(payload)
+    except msgspec.DecodeError as error:
+        return MalformedMessage(f"not a bundle: {error}")
