@@ -21,7 +21,9 @@ server (or dropped), then both sides are closed, and `fired` is set.
 
 The proxy runs an asyncio loop in a thread of its own, so a synchronous test can
 use it as well as an async one; it listens on 127.0.0.1 only and forwards to one
-loopback address.
+loopback address. Given a server-side `tls` context, it speaks TLS to its clients
+(the server behind it is spoken to in the clear), as a TLS-terminating load
+balancer in front of a broker does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Coroutine, Iterator
@@ -60,8 +63,9 @@ class FaultProxy:
     """
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1", *, port: int = 0,
-                 listening: bool = True) -> None:
+                 listening: bool = True, tls: ssl.SSLContext | None = None) -> None:
         self.target = (target_host, target_port)
+        self.tls = tls
         self.port = port
         self.mode: Mode = "pass"
         self.connections = 0  # accepted so far
@@ -132,7 +136,8 @@ class FaultProxy:
 
     # ------------------------------------------------------------ the loop's side
     async def _start(self, port: int) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port,
+                                                  ssl=self.tls)
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
 

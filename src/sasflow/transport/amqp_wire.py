@@ -47,6 +47,8 @@ __all__ = ["CHANNEL", "FRAME_OVERHEAD", "ChannelRefused", "Wire", "WireAddress",
 CHANNEL = 1  # the one channel of a connection
 FRAME_OVERHEAD = 8  # a frame's type, channel and size before its payload, its end after
 _HEARTBEAT = pamqp_frame.marshal(pamqp_heartbeat.Heartbeat(), 0)
+# How long a closing connection waits for the broker's goodbye and its socket's end.
+_GOODBYE = 1.0
 # What the broker closes a channel with for a queue itself: not permitted, not found,
 # declared with other arguments. The same on every retry.
 _REFUSAL_CODES = frozenset({403, 404, 406})
@@ -135,6 +137,7 @@ class Wire(asyncio.Protocol):
         self.loop = loop
         self.opened: asyncio.Future[None] = loop.create_future()
         self.ended: asyncio.Future[None] = loop.create_future()  # lost, closed, given up
+        self._gone: asyncio.Future[None] = loop.create_future()  # the socket closed
         self.lost: ConnectionError | None = None
         self.frame_max = 131072
         self._address = address
@@ -199,16 +202,20 @@ class Wire(asyncio.Protocol):
             self._transport.abort()
 
     async def close(self) -> None:
-        """Close the connection politely, waiting a moment for the broker's answer."""
-        if self.lost is None and self._transport is not None:
-            self.write(pamqp_frame.marshal(Connection.Close(
-                reply_code=200, reply_text="closing", class_id=0, method_id=0), 0))
-            try:
-                async with asyncio.timeout(1.0):
+        """Close the connection politely, waiting a moment for the broker's answer,
+        then for the socket (TLS says goodbye too)."""
+        if self._transport is None:
+            return
+        try:
+            async with asyncio.timeout(_GOODBYE):
+                if self.lost is None:
+                    self.write(pamqp_frame.marshal(Connection.Close(
+                        reply_code=200, reply_text="closing", class_id=0, method_id=0), 0))
                     await asyncio.shield(self.ended)
-            except TimeoutError:
-                pass
-        self.lose("closed")
+                self.lose("closed")
+                await asyncio.shield(self._gone)
+        except TimeoutError:
+            self.abort()
 
     # ------------------------------------------------------------ the protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -239,6 +246,8 @@ class Wire(asyncio.Protocol):
     def connection_lost(self, error: Exception | None) -> None:
         self.lose(f"the connection to RabbitMQ was lost: {error!r}" if error is not None
                   else "the connection to RabbitMQ closed")
+        if not self._gone.done():
+            self._gone.set_result(None)
 
     # ------------------------------------------------------------ the broker's methods
     def _start(self, _: Connection.Start) -> None:
