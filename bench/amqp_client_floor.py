@@ -5,13 +5,16 @@ next: a step's request published and delivered, then its reply. So what a hop co
 is the CPU of one message taken alone, not of a batch. This puts the transport's
 client beside another maintained one and beside the framing both could rest on:
 
-  aiormq   what the transport uses (amqp.py, amqp_consume.py): `basic_publish`
+  aiormq   what the transport used before its own connections: `basic_publish`
            on a confirming channel, `basic_consume` and `basic_ack`
   pika     pika's AsyncioConnection on the same loop, the same three verbs
            (extra ``bench``: ``pip install -e '.[bench]'``)
   lean     a protocol layer's floor (`Lean`): an asyncio.Protocol that frames
            with pamqp and answers from data_received, the least a layer of
            sasflow's own would do (no reconnection, heartbeats or flow control)
+  wire     what the transport uses now (transport/amqp_wire*.py): its
+           publisher's confirming connection and a consumer's connection, each
+           delivery acked at the loop's next turn as the transport does
   pamqp    no I/O: the frames of a publish marshalled and those of a delivery
            unmarshalled by pamqp, the protocol library both aiormq and a client
            of sasflow's own would frame with
@@ -54,12 +57,16 @@ from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 from pamqp.commands import Basic, Channel, Confirm, Connection, Queue
 
+from sasflow.transport.amqp_wire import WireAddress, open_wire
+from sasflow.transport.amqp_wire_consume import ConsumingWire
+from sasflow.transport.amqp_wire_publish import PublishingWire
+
 BODY = b"x" * 200
 Op = Callable[[], Awaitable[object]]
 
 
 class Aiormq:
-    """The transport's way: aiormq's verbs on aio-pika's underlying channels."""
+    """The transport's way before: aiormq's verbs on aio-pika's underlying channels."""
 
     async def open(self, queues: tuple[str, str]) -> None:
         self.connection = await aio_pika.connect(AMQP_URL)
@@ -248,6 +255,38 @@ class Lean:
         self.transport.close()
 
 
+class OwnWire:
+    """The transport's way now: its own publishing and consuming connections."""
+
+    async def open(self, queues: tuple[str, str]) -> None:
+        address = WireAddress(AMQP_URL)
+        self.publisher = await open_wire(address, lambda: PublishingWire(address), within=10)
+        await self.publisher.call(Confirm.Select(), Confirm.SelectOk)
+        for queue in queues:
+            await self.publisher.call(Queue.Declare(queue=queue, durable=True), Queue.DeclareOk)
+        self.consumer = await open_wire(
+            address, lambda: ConsumingWire(address, self.on_delivery), within=10)
+        await self.consumer.consume(queues[1], arguments={}, prefetch=64)
+        self.queues = queues
+        self.delivered: asyncio.Future[None] | None = None
+
+    def on_delivery(self, wire: ConsumingWire, tag: int, _redelivered: bool,
+                    _properties: Basic.Properties, _body: bytes) -> None:
+        wire.ack(tag)
+        if self.delivered is not None:
+            self.delivered.set_result(None)
+
+    async def publish(self, queue: str) -> None:
+        await self.publisher.publish(queue, BODY, Basic.Properties(delivery_mode=2))
+
+    async def close(self) -> None:
+        self.consumer.stop()
+        await self.consumer.close()
+        for queue in self.queues:
+            await self.publisher.call(Queue.Delete(queue=queue), Queue.DeleteOk)
+        await self.publisher.close()
+
+
 class _LeanWire(asyncio.Protocol):
     """`Lean`'s bytes: frames cut from the stream, each handed over as it completes."""
 
@@ -309,12 +348,16 @@ async def framed_hop() -> None:
     pamqp_frame.marshal(Basic.Ack(delivery_tag=1), 1)  # the consumer's ack
 
 
-def publish_of(client: Aiormq | Pika | Lean) -> Op:
+CLIENTS: dict[str, type[Aiormq | Pika | Lean | OwnWire]] = {
+    "aiormq": Aiormq, "pika": Pika, "lean": Lean, "wire": OwnWire}
+
+
+def publish_of(client: Aiormq | Pika | Lean | OwnWire) -> Op:
     """Publish to the queue nobody consumes."""
     return lambda: client.publish(client.queues[0])
 
 
-def hop_of(client: Aiormq | Pika | Lean) -> Op:
+def hop_of(client: Aiormq | Pika | Lean | OwnWire) -> Op:
     """Publish to the consumed queue, and wait for the delivery (acked)."""
     async def hop() -> None:
         client.delivered = asyncio.get_running_loop().create_future()
@@ -349,13 +392,13 @@ async def counted(op: Op, n: int) -> float:
 
 
 async def measure(rounds: int, n: int, ways: list[str]) -> dict[str, Any]:
-    clients: dict[str, Aiormq | Pika | Lean] = {}
+    clients: dict[str, Aiormq | Pika | Lean | OwnWire] = {}
     ops: dict[str, dict[str, Op]] = {}
     for way in ways:
         if way == "pamqp":
             ops[way] = {"publish": framed_publish, "hop": framed_hop}
             continue
-        client = clients[way] = {"aiormq": Aiormq, "pika": Pika, "lean": Lean}[way]()
+        client = clients[way] = CLIENTS[way]()
         name = f"bench-client-floor-{way}-{uuid.uuid4().hex[:8]}"
         await client.open((f"{name}-kept", f"{name}-consumed"))
         ops[way] = {"publish": publish_of(client), "hop": hop_of(client)}
@@ -388,7 +431,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--n", type=int, default=2000, help="ops a measurement")
-    ap.add_argument("--ways", default="aiormq,pika,lean,pamqp")
+    ap.add_argument("--ways", default="aiormq,pika,lean,wire,pamqp")
     a = ap.parse_args()
     found = on_a_workers_loop(measure(a.rounds, a.n, a.ways.split(",")))
     C.emit({"bench": "amqp_client_floor", "n": a.n, "rounds": a.rounds, **found})
