@@ -13,7 +13,9 @@ import asyncio
 import ssl
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
+from urllib.parse import quote
 
 import aio_pika
 import pytest
@@ -76,13 +78,17 @@ async def test_messages_travel_over_tls_trusting_the_urls_certificate_authority(
 
 
 async def test_a_broker_whose_certificate_is_not_trusted_is_refused(
-        tls_front: FaultProxy) -> None:
+        tls_front: FaultProxy, authority: trustme.CA) -> None:
     """Without the URL's authority the system's trust store knows nothing of the
-    broker's certificate; with ``no_verify_ssl=1`` the operator chose not to check."""
-    unchecked = WireAddress(f"amqps://guest:guest@127.0.0.1:{tls_front.port}/")
+    broker's certificate. The authority given in the URL itself (``cadata``) is
+    trusted; with ``no_verify_ssl=1`` the operator chose not to check."""
+    broker = f"amqps://guest:guest@127.0.0.1:{tls_front.port}/"
+    unchecked = WireAddress(broker)
     with pytest.raises(ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
         await open_wire(unchecked, lambda: PublishingWire(unchecked), within=HANG_GUARD)
-    trusting = WireAddress(f"amqps://guest:guest@127.0.0.1:{tls_front.port}/?no_verify_ssl=1")
-    wire = await open_wire(trusting, lambda: PublishingWire(trusting), within=HANG_GUARD)
-    assert wire.lost is None
-    await wire.close()
+    pem = quote(authority.cert_pem.bytes().decode())
+    for options in (f"?cadata={pem}", "?no_verify_ssl=1"):
+        trusting = WireAddress(broker + options)
+        wire = await open_wire(trusting, partial(PublishingWire, trusting), within=HANG_GUARD)
+        assert wire.lost is None
+        await wire.close()

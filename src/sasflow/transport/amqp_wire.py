@@ -88,14 +88,15 @@ class WireAddress:
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context of an ``amqps://`` URL, built once, from the options aio-pika
-        reads too: ``cafile``, ``capath``, ``certfile`` and ``keyfile`` (a client's
-        certificate), ``no_verify_ssl=1``."""
+        reads too: ``cafile``, ``capath``, ``cadata`` (the authority's PEM itself),
+        ``certfile`` and ``keyfile`` (a client's certificate), ``no_verify_ssl=1``."""
         if not self.tls:
             return None
         if self._context is None:
             options = self._options
             context = ssl.create_default_context(
-                cafile=options.get("cafile"), capath=options.get("capath"))
+                cafile=options.get("cafile"), capath=options.get("capath"),
+                cadata=options.get("cadata"))
             if options.get("certfile"):
                 context.load_cert_chain(options["certfile"], options.get("keyfile"))
             if options.get("no_verify_ssl", "0") != "0":
