@@ -65,6 +65,12 @@ class Reply(msgspec.Struct, kw_only=True, gc=False, omit_defaults=True):
     error: str | None = None
     permanent: bool = False  # a nontransient fault (S6); else the agent gave up retrying
 
+    @classmethod
+    def refusal(cls, request: Request, error: str) -> Reply:
+        """The permanent error reply for a request that could not be sent at all."""
+        return cls(task_id=request.task_id, step=request.step, phase=request.phase,
+                   epoch=request.epoch, ok=False, error=error, permanent=True)
+
 
 class StatusEvent(StrEnum):
     """What a status message reports. A `str` enum: `status.event == "processed"`

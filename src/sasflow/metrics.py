@@ -24,7 +24,9 @@ with metrics on (`metrics=True`, or a `metrics_port`, which also serves them:
     sasflow_dead_letters_total{queue}             messages dead-lettered by its consumers
 
 What a step costs: one observation in the agent (durations.py: a bisect and two
-additions), and a check or two of each applied transition (`_Counting`). The
+additions). A transition that lets its task go (a retry, an end, an escalation)
+is counted (`_Released`); the scheduler calls that only for those, so a step's
+usual transition, which locks the next unit, costs the metrics nothing. The
 durations and the breakers are made into samples only when scraped.
 
 **The store's state** is no worker's to report (each would report the same
@@ -143,7 +145,18 @@ class Metrics:
                  supervisor: bool = False) -> Callable[[Transition], None]:
         """`then`, after counting what a transition a scheduler (or, `supervisor`, the
         supervisor) applied tells: a retry, a recovery, an escalation, an alert."""
-        return _Counting(self, then, supervisor=supervisor)
+        released = self.released(supervisor=supervisor)
+
+        def count(t: Transition) -> None:
+            if t.locked_by is None:
+                released(t)
+            then(t)
+        return count
+
+    def released(self, *, supervisor: bool = False) -> Callable[[Transition], None]:
+        """What a transition that let its task go (its locked_by is None) tells, counted:
+        the scheduler's `on_released`."""
+        return _Released(self, supervisor=supervisor)
 
     def alerting(self, then: Callable[[Alert], None]) -> Callable[[Alert], None]:
         """`then`, after counting the alert (the supervisor's incidents come this way)."""
@@ -215,38 +228,33 @@ class AgentMetrics:
         series.total += amount
 
 
-class _Counting:
-    """What an applied transition tells, counted, then handed on.
+class _Released:
+    """What a transition that let its task go tells, counted.
 
     The planner (plan/forward.py) leaves the sign of each decision on the
     transition: a failed attempt below the workflow's threshold (or parked) is
     released, unlocked and without events; reaching the threshold records
     `error` or `compensating` (and, nothing to undo, `compensated`) in its
     events. A scheduler's own transitions are otherwise locked (the next unit) or
-    carry events (processed, compensated): so the step path pays one check.
+    carry events (processed, compensated).
     """
 
-    __slots__ = ("_escalations", "_recoveries", "_retries", "_supervisor", "_task_alerts",
-                 "_then")
+    __slots__ = ("_escalations", "_recoveries", "_retries", "_supervisor", "_task_alerts")
 
-    def __init__(self, metrics: Metrics, then: Callable[[Transition], None], *,
-                 supervisor: bool) -> None:
-        self._then = then
+    def __init__(self, metrics: Metrics, *, supervisor: bool) -> None:
         self._supervisor = supervisor
         self._retries, self._recoveries = metrics.step_retries, metrics.recoveries
         self._escalations, self._task_alerts = metrics.escalations, metrics._task_alerts
 
     def __call__(self, t: Transition) -> None:
-        if t.locked_by is None:
-            if not t.events:  # released to run again
-                self._retries.labels(t.workflow).inc()
-                if self._supervisor:
-                    self._recoveries.labels(t.workflow).inc()
-            elif self._supervisor:
-                self._escalations.labels(t.workflow).inc()
-            if t.alert is not None:
-                self._task_alerts.inc()
-        self._then(t)
+        if not t.events:  # released to run again
+            self._retries.labels(t.workflow).inc()
+            if self._supervisor:
+                self._recoveries.labels(t.workflow).inc()
+        elif self._supervisor:
+            self._escalations.labels(t.workflow).inc()
+        if t.alert is not None:
+            self._task_alerts.inc()
 
 
 class _Breakers:

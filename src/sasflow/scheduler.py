@@ -55,13 +55,15 @@ class Scheduler:
     def __init__(self, store: Store, transport: Transport, plans: Mapping[str, Plan], *,
                  instance_id: str, concurrency: int = 64,
                  on_applied: Callable[[Transition], None] = lambda t: None,
+                 on_released: Callable[[Transition], None] | None = None,
                  waiters: Waiters = NO_WAITERS) -> None:
         self.store = store
         self.transport = transport
         self.plans = plans
         self.instance_id = instance_id
         self.concurrency = concurrency
-        self.on_applied = on_applied
+        # the metrics' count, of a transition that let its task go (locked_by None)
+        self.on_applied, self.on_released = on_applied, on_released
         # the clients of this process waiting for the tasks it drives: told what it
         # drives and lets go of, and handed each task as its end is written (signals.py)
         self.waiters = waiters
@@ -304,7 +306,8 @@ class Scheduler:
             # the input and the results it carries outgrew a message: sending it
             # again cannot help, so the unit fails for good, as an agent's
             # permanent error would make it (R3, U7)
-            reply: Reply | None = _refused(request, str(error))
+            log.error("%s/%s: %s", request.task_id, request.step, error)
+            reply: Reply | None = Reply.refusal(request, str(error))
         else:
             reply = await self._exchange(request, body, loop)
         if attempt is not None:
@@ -333,6 +336,8 @@ class Scheduler:
             self._held.pop(task.task_id, None)
             return None
         handover.written(task)
+        if transition.locked_by is None and self.on_released is not None:
+            self.on_released(transition)
         self.on_applied(transition)
         return task
 
@@ -383,13 +388,6 @@ class Scheduler:
         if (reply.epoch, reply.step, reply.phase) != (epoch, step, phase) or future.done():
             return  # stale: from an earlier claim, or a duplicate delivery
         future.set_result(reply)
-
-
-def _refused(request: Request, error: str) -> Reply:
-    """The permanent error reply for a request that could not be sent at all."""
-    log.error("%s/%s: %s", request.task_id, request.step, error)
-    return Reply(task_id=request.task_id, step=request.step, phase=request.phase,
-                 epoch=request.epoch, ok=False, error=error, permanent=True)
 
 
 def _unless_replied(future: asyncio.Future[Reply | None], sent: asyncio.Future[None]) -> None:

@@ -94,23 +94,18 @@ def _task_sampler(provider: Any) -> Callable[[str], bool]:
     """Whether the provider's sampler keeps a task's trace, decided as for a root span
     of its trace id (whatever span is current where it is asked): so a task's spans
     are kept or dropped all together, by the sampler the application chose
-    (ParentBased(TraceIdRatioBased(0.01)) keeps 1%)."""
+    (ParentBased(TraceIdRatioBased(0.01)) keeps 1%).
+
+    Asked at each of a task's attempts and agent calls, by every actor of the
+    process: a task's first question decides, the next ones are a lookup."""
     sampler = getattr(provider, "sampler", None)  # the SDK's; another provider decides itself
     if sampler is None:
         return lambda task_id: True
-    decide = _root_decision(sampler)
-
-    # asked at each of a task's attempts and agent calls, by every actor of the
-    # process: a task's first question hashes its id, the next ones are a lookup
-    @functools.lru_cache(maxsize=4096)
-    def kept(task_id: str) -> bool:
-        return decide(_trace_id(task_id))
-
-    return kept
+    return functools.lru_cache(maxsize=4096)(_root_decision(sampler))
 
 
-def _root_decision(sampler: Any) -> Callable[[int], bool]:
-    """How `sampler` decides for a root span of a trace id.
+def _root_decision(sampler: Any) -> Callable[[str], bool]:
+    """How `sampler` decides for a root span of a task's trace id.
 
     The SDK's own samplers (ALWAYS_ON, ALWAYS_OFF and TraceIdRatioBased, alone or
     under ParentBased, whose root decides where there is no parent) are read, not
@@ -122,18 +117,25 @@ def _root_decision(sampler: Any) -> Callable[[int], bool]:
         from opentelemetry.context import Context
         from opentelemetry.sdk.trace import sampling
     except ImportError:  # a provider of another SDK that has a sampler
-        return lambda trace_id: True
+        return lambda task_id: True
     root = getattr(sampler, "_root", None) if type(sampler) is sampling.ParentBased else sampler
     if root is sampling.ALWAYS_ON:
-        return lambda trace_id: True
+        return lambda task_id: True  # (no hash needed)
     if root is sampling.ALWAYS_OFF:
-        return lambda trace_id: False
+        return lambda task_id: False
     if type(root) is sampling.TraceIdRatioBased:
         bound, limit = root.bound, root.TRACE_ID_LIMIT
-        return lambda trace_id: trace_id & limit < bound  # what its should_sample compares
+        sha256 = hashlib.sha256
+
+        def by_ratio(task_id: str) -> bool:
+            # what its should_sample compares, of `_trace_id(task_id)` written out:
+            # once a task, two calls fewer than through `_trace_id` and a comparison
+            trace_id = int.from_bytes(sha256(task_id.encode()).digest()[:16]) or 1
+            return trace_id & limit < bound
+        return by_ratio
     no_parent = Context()
-    return lambda trace_id: bool(
-        sampler.should_sample(no_parent, trace_id, "task").decision.is_sampled())
+    return lambda task_id: bool(
+        sampler.should_sample(no_parent, _trace_id(task_id), "task").decision.is_sampled())
 
 
 class Tracing:

@@ -185,17 +185,18 @@ class Worker:
         plans = plans_for(workflows, agents)
         self.metrics = _metrics(settings, metrics)
         self._metrics_at = (settings.metrics_host, settings.metrics_port)
-        scheduled, supervised = on_applied, on_applied
+        supervised, released = on_applied, None
         if self.metrics is not None:  # the callbacks that see each event count it too
-            scheduled = self.metrics.counting(on_applied)
+            released = self.metrics.released()  # the scheduler's: tasks it let go
             supervised = self.metrics.counting(on_applied, supervisor=True)
             on_alert = self.metrics.alerting(on_alert)
             self.metrics.declare(workflows=workflows, queues=[
                 *(agent_queue(a) for a in served if "agent" in self.roles),
                 *([reply_queue(instance_id)] if "scheduler" in self.roles else [])])
         self.scheduler = Scheduler(store, transport, plans, instance_id=instance_id,
-                                   concurrency=settings.concurrency, on_applied=scheduled,
-                                   waiters=waiters) if "scheduler" in self.roles else None
+                                   concurrency=settings.concurrency, on_applied=on_applied,
+                                   on_released=released, waiters=waiters,
+                                   ) if "scheduler" in self.roles else None
         # every complete-by was set on the store's clock: agents judge it on that (R1)
         self.agents = AgentRuntime(transport, [agents[a] for a in served], clock=store.now,
                                    metrics=self.metrics) if "agent" in self.roles else None

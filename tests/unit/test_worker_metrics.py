@@ -111,6 +111,41 @@ def test_an_apps_roles_count_durations_retries_the_breaker_alerts_and_dead_lette
     assert value(metrics, "sasflow_alerts_total", kind="task") == 2
 
 
+def test_a_schedulers_metrics_see_only_the_transitions_that_let_a_task_go(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's usual transition locks the next unit and costs the metrics no call: the
+    scheduler counts (`on_released`) only a transition that unlocks its task, here
+    each task's last, and the first attempt of a probe released to run again."""
+    seen: list[tuple[str | None, tuple[str, ...]]] = []
+    released = Metrics.released
+
+    def spying(self: Metrics, *, supervisor: bool = False) -> Any:
+        count = released(self, supervisor=supervisor)
+
+        def spy(t: Any) -> None:
+            seen.append((t.locked_by, tuple(str(e) for e in t.events)))
+            count(t)
+        return spy if not supervisor else count
+
+    monkeypatch.setattr(Metrics, "released", spying)
+    app = make_app(db_url)
+    app.workflow("chain", [Step(name, "inventory", timeout=600.0)
+                           for name in ("one", "two", "three")])
+    app.start(metrics=True, concurrency=8)
+    try:
+        chain = app.submit("chain", None)
+        assert app.wait(chain, timeout=HANG_GUARD).state is TaskState.PROCESSED
+        # three steps, one retried inside its agent (not a step retry): one transition
+        # lets the task go, its end
+        assert [locked for locked, _ in seen] == [None]
+        probe = app.submit("probe", None)
+        assert app.wait(probe, timeout=HANG_GUARD).state is TaskState.ERROR
+        assert len(seen) == 3 and all(locked is None for locked, _ in seen)
+        assert value(app.metrics, "sasflow_step_retries_total", workflow="probe") == 1
+    finally:
+        app.stop()
+
+
 def test_metrics_are_off_unless_asked_for(app: App) -> None:
     app.start(concurrency=8)
     assert app.wait(app.submit("order", None), timeout=HANG_GUARD).state is TaskState.ERROR
