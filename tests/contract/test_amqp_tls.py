@@ -62,13 +62,19 @@ async def test_messages_travel_over_tls_trusting_the_urls_certificate_authority(
     transport = open_transport(f"amqps://guest:guest@127.0.0.1:{tls_front.port}/"
                                f"?cafile={ca}&queue_expires=20")
     got: list[bytes] = []
-    consumer = asyncio.create_task(transport.consume(queue, ImmediateHandler(got.append),
+    arrived = asyncio.Event()
+
+    def take(body: bytes) -> None:
+        got.append(body)
+        arrived.set()
+
+    consumer = asyncio.create_task(transport.consume(queue, ImmediateHandler(take),
                                                      prefetch=4))
     try:
         async with asyncio.timeout(HANG_GUARD):
             await transport.publish(queue, b"over tls")
-            while got != [b"over tls"]:
-                await asyncio.sleep(0.01)
+            await arrived.wait()
+        assert got == [b"over tls"]
         # aio-pika's (declaring), the publisher's and the consumer's
         assert tls_front.connections >= 3
     finally:
