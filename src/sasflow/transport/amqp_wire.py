@@ -117,7 +117,7 @@ async def open_wire(address: WireAddress, make: Callable[[], W], *, within: floa
                                          ssl=address.ssl_context())
             await wire.opened
             await wire.call(Channel.Open(), Channel.OpenOk)
-    except (OSError, TimeoutError, ssl.SSLError) as error:
+    except (OSError, TimeoutError) as error:  # (a refused certificate is an OSError too)
         wire.abort()
         if isinstance(error, ConnectionError):
             raise
