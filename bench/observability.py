@@ -27,6 +27,10 @@ Each child also reports the CPU time its process spent a completed step (all
 its threads); off's over the mode's is the throughput ratio a CPU-bound process
 would see: a second reading of the same cost. The load average before each
 measurement is kept: on a shared machine it says how noisy the sitting was.
+Two more readings tell where a mode's CPU went: each thread's CPU seconds as
+the roles stop (`thread_cpu`, by thread name: the roles' loop, the SQLite
+writer, ...), and the SQLite writer's transactions with the writes they carried
+(`sqlite_commits`): fewer writes a transaction is more CPU a step in both.
 
 --together runs a round's modes at the same time, each in its child, instead of one
 after the other: whatever slows the machine then slows every mode at once, and
@@ -54,6 +58,7 @@ import os
 import random
 import statistics
 import sys
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -112,9 +117,17 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         _detach_once_built(DETACHED[a.mode])
     made: list[Any] = []
     make_app = throughput.make_app
+    commits = _count_commits()
+    threads: dict[str, float] = {}
 
     def keep(*args: Any, **kwargs: Any) -> Any:  # to read back what the app counted
         made.append(make_app(*args, **kwargs))
+        stop = made[-1].stop
+
+        def stopping(*args: Any, **kwargs: Any) -> Any:
+            threads.update(_thread_cpu())  # the roles' threads, before they end
+            return stop(*args, **kwargs)
+        made[-1].stop = stopping
         if metered:
             # the registry made, and prometheus_client imported (20-60 ms, once a
             # process), before the all-submitted-first row's window opens: that row
@@ -128,6 +141,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     throughput.make_app = keep
     result = throughput.measure(a, **({"metrics": True} if metered else {}))
     result["mode"] = a.mode
+    result["thread_cpu"] = threads
+    result["sqlite_commits"] = commits
     result["sample"] = a.sample
     result["gc_frozen"] = a.gc_freeze
     result["preloaded"] = a.preload
@@ -142,6 +157,37 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         trace.get_tracer_provider().shutdown()  # type: ignore[attr-defined]  # flushes
         result["spans_made"] = _Dropped.spans
     return result
+
+
+def _thread_cpu() -> dict[str, float]:
+    """Each live thread's CPU seconds so far, by its name (Linux's /proc)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # it ended meanwhile
+        cpu[names.get(int(tid), tid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return cpu
+
+
+def _count_commits() -> dict[str, int]:
+    """The SQLite writer's transactions, and the writes they carried, counted from now."""
+    from sasflow.store.sqlite import writer
+
+    counted = {"transactions": 0, "writes": 0}
+    commit = writer.Writer._commit
+
+    def counting(self: Any, conn: Any, batch: list[Any]) -> Any:
+        counted["transactions"] += 1
+        counted["writes"] += len(batch)
+        return commit(self, conn, batch)
+
+    writer.Writer._commit = counting  # type: ignore[method-assign]  # a bench hook
+    return counted
 
 
 def _detach_once_built(parts: tuple[str, ...]) -> None:
