@@ -125,13 +125,9 @@ def _root_decision(sampler: Any) -> Callable[[str], bool]:
         return lambda task_id: False
     if type(root) is sampling.TraceIdRatioBased:
         bound, limit = root.bound, root.TRACE_ID_LIMIT
-        sha256 = hashlib.sha256
 
-        def by_ratio(task_id: str) -> bool:
-            # what its should_sample compares, of `_trace_id(task_id)` written out:
-            # once a task, two calls fewer than through `_trace_id` and a comparison
-            trace_id = int.from_bytes(sha256(task_id.encode()).digest()[:16]) or 1
-            return trace_id & limit < bound
+        def by_ratio(task_id: str) -> bool:  # what its should_sample compares
+            return _trace_id(task_id) & limit < bound
         return by_ratio
     no_parent = Context()
     return lambda task_id: bool(

@@ -126,7 +126,7 @@ class AmqpTransport:
         # and each consumer has one (amqp_wire.py); aio-pika declares for the
         # publisher, and takes the dead letters
         self.address = WireAddress(self.url)
-        self._wire = WirePublisher(self.address, connect_timeout=CONNECT_TIMEOUT)
+        self._publisher = WirePublisher(self.address, connect_timeout=CONNECT_TIMEOUT)
         self.max_message_bytes = max_message_bytes
         self.outage = Outage(log, f"RabbitMQ at {redact(self.url)}")
         self._link = AmqpConnection(self.url, self.outage)
@@ -230,7 +230,7 @@ class AmqpTransport:
                         self._declared.add(queue)
                     exchange = ""  # the default exchange: routed by the queue's name
                 if not to_dead_letters:
-                    await self._wire.publish(queue, body, properties)  # once confirmed
+                    await self._publisher.publish(queue, body, properties)  # once confirmed
                     return
                 underlay = await channel.get_underlay_channel()
                 # returns once the broker confirmed (publisher confirms)
@@ -301,7 +301,7 @@ class AmqpTransport:
     async def close(self) -> None:
         self._link.closed = True  # first: nothing opens the connection again
         await self._bundler.close()
-        await self._wire.close()
+        await self._publisher.close()
         await self._link.close()
 
 

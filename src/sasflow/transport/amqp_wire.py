@@ -147,7 +147,7 @@ class Wire(asyncio.Protocol):
         # the channel's synchronous methods waiting for their answers, in order
         self._answers: collections.deque[tuple[type, asyncio.Future[Any]]] = (
             collections.deque())
-        self._heard = self.said = False  # since the last heartbeat tick
+        self._heard = self._said = False  # since the last heartbeat tick
         self._ticking: asyncio.TimerHandle | None = None
         self.handlers: dict[type, Callable[[Any], None]] = {
             pamqp_heartbeat.Heartbeat: _ignore,
@@ -173,7 +173,7 @@ class Wire(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)
-            self.said = True
+            self._said = True
 
     def lose(self, why: str) -> None:
         """End the connection: what waits on it fails with a ConnectionError saying why."""
@@ -298,9 +298,9 @@ class Wire(asyncio.Protocol):
             if silent_ticks >= 4:
                 self.lose("RabbitMQ sent nothing for two heartbeats")
                 return
-            if not self.said:
+            if not self._said:
                 self.write(_HEARTBEAT)
-            self._heard = self.said = False
+            self._heard = self._said = False
             self._ticking = self.loop.call_later(interval, tick)
         self._ticking = self.loop.call_later(interval, tick)
 
