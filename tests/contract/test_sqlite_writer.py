@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -70,3 +70,89 @@ async def test_nothing_follows_a_write_that_failed(writer: Writer) -> None:
     assert await writer.run(lambda conn: 7, then=then) == 7
     assert await asyncio.to_thread(ran.wait, HANG_GUARD)
     assert seen == [7]  # a later job's: the failed one had none
+
+
+class Batches:
+    """Each transaction's jobs, by name: a job notes itself, the commit closes the batch."""
+
+    def __init__(self) -> None:
+        self.committed: list[list[str]] = []
+        self.holding = threading.Event()  # a held job has begun its transaction
+        self._open: list[str] = []
+
+    def job(self, name: str, hold: threading.Event | None = None
+            ) -> Callable[[sqlite3.Connection], str]:
+        def run(conn: sqlite3.Connection) -> str:
+            self._open.append(name)
+            if hold is not None:
+                self.holding.set()
+                hold.wait(HANG_GUARD)
+            conn.execute("INSERT INTO t VALUES (1)")
+            return name
+        return run
+
+    def close(self, conn: sqlite3.Connection) -> None:
+        self.committed.append(self._open)
+        self._open = []
+
+
+def _connect_to(path: Path) -> Callable[[], sqlite3.Connection]:
+    return lambda: sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+
+def _make_table(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+
+
+async def test_the_rest_of_the_last_batchs_writers_are_waited_for_and_share_a_transaction(
+        path: Path) -> None:
+    loop = asyncio.get_running_loop()
+    batches = Batches()
+    pauses: list[float] = []
+    arrived = threading.Event()
+    late: list[asyncio.Future[str]] = []
+
+    def pause(seconds: float) -> None:  # the writer's wait: the late ones come meanwhile
+        pauses.append(seconds)
+        loop.call_soon_threadsafe(send_late)
+        assert arrived.wait(HANG_GUARD)
+
+    def send_late() -> None:
+        late.extend(asyncio.ensure_future(writer.run(batches.job(name))) for name in "ef")
+        loop.call_soon(arrived.set)  # after both have reached the writer's queue
+
+    writer = Writer(_connect_to(path), prepare=_make_table, before_commit=batches.close,
+                    pause=pause)
+    try:
+        held = threading.Event()
+        first = asyncio.ensure_future(writer.run(batches.job("held", held)))
+        # the held job runs alone (nothing else was queued) ...
+        assert await asyncio.to_thread(batches.holding.wait, HANG_GUARD)
+        three = [asyncio.ensure_future(writer.run(batches.job(name))) for name in "abc"]
+        await asyncio.sleep(0)  # ... and these three are queued behind it
+        held.set()
+        async with asyncio.timeout(HANG_GUARD):
+            await asyncio.gather(first, *three)
+            assert pauses == []  # three waited for a batch of one: more than expected
+            # one write where the last batch held three: its writers are waited for
+            assert await writer.run(batches.job("d")) == "d"
+            assert await asyncio.gather(*late) == ["e", "f"]
+    finally:
+        writer.close()
+    assert batches.committed == [["held"], ["a", "b", "c"], ["d", "e", "f"]]
+    assert len(pauses) == 1 and 0 < pauses[0] <= 0.001  # the last commit's time, bounded
+
+
+async def test_a_lone_writer_never_waits(path: Path) -> None:
+    batches = Batches()
+    pauses: list[float] = []
+    writer = Writer(_connect_to(path), prepare=_make_table, before_commit=batches.close,
+                    pause=pauses.append)
+    try:
+        async with asyncio.timeout(HANG_GUARD):
+            for n in range(20):
+                assert await writer.run(batches.job(f"w{n}")) == f"w{n}"
+    finally:
+        writer.close()
+    assert batches.committed == [[f"w{n}"] for n in range(20)]
+    assert pauses == []
