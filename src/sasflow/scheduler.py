@@ -278,14 +278,14 @@ class Scheduler:
                 self._held.pop(task.task_id, None)
 
     async def _run_units(self, task: Task, plan: Plan, loop: asyncio.AbstractEventLoop) -> None:
+        # tracing off, or the task's trace dropped by the sampler (asked once a drive),
+        # a step pays one check here and two more like it (in _run_unit)
+        traced = self._tracing if self._tracing and self._tracing.kept(task.task_id) else None
         while task.locked_by == self.instance_id and task.state in (
                 TaskState.PROCESSING, TaskState.COMPENSATING):
             request = self._request(task)
             log_step(request.step)
-            # tracing off, or the task's trace dropped by the sampler (a lookup), a step
-            # pays these checks and two more like them (in _run_unit)
-            attempt = (None if self._tracing is None or not self._tracing.kept(task.task_id)
-                       else self._tracing.attempt_span(task, request))
+            attempt = None if traced is None else traced.attempt_span(task, request)
             if attempt is None:
                 after = await self._run_unit(task, request, plan, loop, None)
             else:
