@@ -109,17 +109,17 @@ async def test_the_rest_of_the_last_batchs_writers_are_waited_for_and_share_a_tr
     loop = asyncio.get_running_loop()
     batches = Batches()
     pauses: list[float] = []
-    arrived = threading.Event()
     late: list[asyncio.Future[str]] = []
 
-    def pause(seconds: float) -> None:  # the writer's wait: the late ones come meanwhile
+    def pause(gathered: threading.Event, seconds: float) -> None:
+        # the writer's wait, made long enough for the late ones to come whatever the
+        # machine's speed: it ends when their arrival makes the batch whole
         pauses.append(seconds)
         loop.call_soon_threadsafe(send_late)
-        assert arrived.wait(HANG_GUARD)
+        assert gathered.wait(HANG_GUARD)
 
     def send_late() -> None:
         late.extend(asyncio.ensure_future(writer.run(batches.job(name))) for name in "ef")
-        loop.call_soon(arrived.set)  # after both have reached the writer's queue
 
     writer = Writer(_connect_to(path), prepare=_make_table, before_commit=batches.close,
                     pause=pause)
@@ -147,7 +147,7 @@ async def test_a_lone_writer_never_waits(path: Path) -> None:
     batches = Batches()
     pauses: list[float] = []
     writer = Writer(_connect_to(path), prepare=_make_table, before_commit=batches.close,
-                    pause=pauses.append)
+                    pause=lambda gathered, seconds: pauses.append(seconds))
     try:
         async with asyncio.timeout(HANG_GUARD):
             for n in range(20):

@@ -54,7 +54,8 @@ class Writer:
                  translate: Callable[[BaseException], BaseException] = lambda error: error,
                  before_commit: Callable[[sqlite3.Connection], None] = lambda conn: None,
                  after_rollback: Callable[[], None] = lambda: None,
-                 pause: Callable[[float], None] = time.sleep) -> None:
+                 pause: Callable[[threading.Event, float], object] = threading.Event.wait
+                 ) -> None:
         self._jobs: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._connect = connect
         self._prepare = prepare
@@ -64,7 +65,11 @@ class Writer:
         self._prepare_error: BaseException | None = None
         self._before_commit = before_commit  # jobs may defer bulk writes until then
         self._after_rollback = after_rollback
-        self._pause = pause  # how the writer waits for the rest of a batch
+        # how the writer waits for the rest of a batch: until `_gathered` is set, for
+        # at most the time given; `_awaited` is how many jobs must be queued to set it
+        self._pause = pause
+        self._gathered = threading.Event()
+        self._awaited = 0
         self._ready = concurrent.futures.Future[None]()
         self._thread = threading.Thread(target=self._run, name="sasflow-sqlite-writer",
                                         daemon=True)
@@ -83,14 +88,20 @@ class Writer:
         loop to resume the coroutine first."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((job, future, loop, _and_answer(then, take_early_answer())))
+        self._put((job, future, loop, _and_answer(then, take_early_answer())))
         return await future
 
     def run_sync(self, job: Callable[[sqlite3.Connection], T]) -> T:
         """`run` for callers outside any event loop."""
         future = concurrent.futures.Future[T]()
-        self._jobs.put((job, future, None, None))
+        self._put((job, future, None, None))
         return future.result()
+
+    def _put(self, item: _Item) -> None:
+        self._jobs.put(item)
+        if self._awaited and self._jobs.qsize() >= self._awaited:  # the batch is whole
+            self._awaited = 0
+            self._gathered.set()
 
     def wait_prepared(self) -> None:
         """Return once the connection is prepared; raise what preparing raised, if it
@@ -151,15 +162,20 @@ class Writer:
         of them alone and the rest a transaction later; which of them comes
         first is a matter of microseconds on their event loop, and it moved a
         sequential client's row between 10k and 15k transactions for the same
-        40k writes (docs/benchmarks.md). So the writer waits for them, at most
-        as long as the last transaction took: the early job then waits no longer
-        than the late ones would have waited behind a transaction of their own.
+        40k writes (docs/benchmarks.md). So the writer waits for them, until as
+        many jobs are queued as the last batch held but at most as long as the
+        last transaction took: the early job then waits no longer than the late
+        ones would have waited behind a transaction of their own.
         A lone writer (the last batch was one job) never waits. This is
         PostgreSQL's commit_delay with commit_siblings, the siblings counted by
         the last batch instead of by open transactions.
         """
         if self._jobs.qsize() + 1 < siblings:
-            self._pause(patience)
+            self._gathered.clear()
+            self._awaited = siblings - 1
+            if self._jobs.qsize() < self._awaited:  # (one may have come meanwhile)
+                self._pause(self._gathered, patience)
+            self._awaited = 0
         batch = [first]
         while len(batch) < _MAX_BATCH:
             try:
