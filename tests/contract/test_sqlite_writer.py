@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sasflow.store.sqlite.writer import Writer
+from sasflow.store.sqlite.writer import Writer, _expects_more
 
 HANG_GUARD = 60.0  # a wait that long is a hang, never a claim about speed
 
@@ -156,3 +156,11 @@ async def test_a_lone_writer_never_waits(path: Path) -> None:
         writer.close()
     assert batches.committed == [[f"w{n}"] for n in range(20)]
     assert pauses == []
+
+
+def test_a_batch_waits_for_the_rest_only_while_at_most_half_have_come() -> None:
+    assert [_expects_more(waiting, 4) for waiting in (1, 2, 3, 4, 5)] == [
+        True, True, False, False, False]
+    assert not _expects_more(1, 1)  # a lone writer never waits
+    assert _expects_more(1, 2) and _expects_more(1, 3) and not _expects_more(2, 3)
+    assert not _expects_more(437, 512)  # hundreds queued: the few late ones go next

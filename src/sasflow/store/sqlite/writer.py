@@ -155,22 +155,25 @@ class Writer:
     def _gather(self, first: _Item, siblings: int, patience: float) -> list[_Item]:
         """`first` and the jobs waiting behind it: the next batch.
 
-        If fewer are waiting than the last batch held, the writers of that batch,
-        each woken by its commit, are most likely on their way with their next
-        jobs (a step's next state follows its reply; a sequential client's next
-        submission follows its answer). Committing now would commit the first
-        of them alone and the rest a transaction later; which of them comes
-        first is a matter of microseconds on their event loop, and it moved a
-        sequential client's row between 10k and 15k transactions for the same
-        40k writes (docs/benchmarks.md). So the writer waits for them, until as
-        many jobs are queued as the last batch held but at most as long as the
-        last transaction took: the early job then waits no longer than the late
-        ones would have waited behind a transaction of their own.
-        A lone writer (the last batch was one job) never waits. This is
-        PostgreSQL's commit_delay with commit_siblings, the siblings counted by
-        the last batch instead of by open transactions.
+        If at most half as many are waiting as the last batch held, the writers
+        of that batch, each woken by its commit, are most likely on their way
+        with their next jobs (a step's next state follows its reply; a
+        sequential client's next submission follows its answer). Committing now
+        would commit the first of them alone and the rest a transaction later;
+        which of them comes first is a matter of microseconds on their event
+        loop, and it moved a sequential client's row between 12k and 15k
+        transactions for the same 40k writes (docs/benchmarks.md). So the writer
+        waits for them, until as many jobs are queued as the last batch held,
+        but at most as long as the last transaction took: the early ones then
+        wait no longer than the late ones would have waited behind a
+        transaction of their own. Past half, it does not wait: a straggler
+        left to the next transaction costs less than holding up the rest (a
+        batch of hundreds would wait for the few that finish its load). A lone
+        writer (the last batch was one job) never waits. This is PostgreSQL's
+        commit_delay with commit_siblings, the siblings counted by the last
+        batch instead of by open transactions.
         """
-        if self._jobs.qsize() + 1 < siblings:
+        if _expects_more(self._jobs.qsize() + 1, siblings):
             self._gathered.clear()
             self._awaited = siblings - 1
             if self._jobs.qsize() < self._awaited:  # (one may have come meanwhile)
@@ -228,6 +231,12 @@ class Writer:
                 outcomes.extend(self._commit(conn, [item]))
             return outcomes
         return [(item, result, None) for item, result in zip(batch, results, strict=True)]
+
+
+def _expects_more(waiting: int, siblings: int) -> bool:
+    """Whether a batch of `waiting` jobs, after one of `siblings`, waits for the rest
+    of them (see `Writer._gather`): while no more than half have come."""
+    return 2 * waiting <= siblings
 
 
 # a job, its future, the loop awaiting it (None: a thread), what follows its commit
