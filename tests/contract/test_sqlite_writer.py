@@ -22,15 +22,17 @@ def path(tmp_path: Path) -> Path:
     return tmp_path / "w.db"
 
 
+def _connect_to(path: Path) -> Callable[[], sqlite3.Connection]:
+    return lambda: sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+
+def _make_table(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+
+
 @pytest.fixture
 def writer(path: Path) -> Iterator[Writer]:
-    def connect() -> sqlite3.Connection:
-        return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-
-    def prepare(conn: sqlite3.Connection) -> None:
-        conn.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
-
-    w = Writer(connect, prepare=prepare)
+    w = Writer(_connect_to(path), prepare=_make_table)
     yield w
     w.close()
 
@@ -94,14 +96,6 @@ class Batches:
     def close(self, conn: sqlite3.Connection) -> None:
         self.committed.append(self._open)
         self._open = []
-
-
-def _connect_to(path: Path) -> Callable[[], sqlite3.Connection]:
-    return lambda: sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-
-
-def _make_table(conn: sqlite3.Connection) -> None:
-    conn.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
 
 
 async def test_the_rest_of_the_last_batchs_writers_are_waited_for_and_share_a_transaction(
