@@ -55,6 +55,7 @@ built in (``redis.asyncio``), with connection pools and TLS; no second library.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -209,7 +210,9 @@ class RedisTransport:
             raise TransportError(f"cannot read the dead letters: {error}") from error
 
     async def _ack(self, key: str, entry_id: bytes) -> None:
-        await self._batch.ack(key, GROUP, entry_id)
+        # the handler's work is done: its ack goes even if the consumer stops meanwhile
+        # (a cancelled caller's command is otherwise dropped)
+        await asyncio.shield(self._batch.ack(key, GROUP, entry_id))
 
     async def ping(self) -> None:
         try:

@@ -182,6 +182,9 @@ class StreamConsumer:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(beat, *running.values(), return_exceptions=True)
+            with contextlib.suppress(TimeoutError):  # the acks of handlers that ended go
+                async with asyncio.timeout(transport.block_seconds):  # before what is held
+                    await transport._batch.drain()  # is put back
             await self._leave_group()
             with contextlib.suppress(RedisError, OSError):
                 async with asyncio.timeout(transport.block_seconds):
