@@ -128,42 +128,6 @@ async def kill_connections(admin: aioredis.Redis, transport: RedisTransport) -> 
     return killed
 
 
-async def test_a_messages_ack_is_sent_after_what_its_handler_set_going(
-        make: Make, consumers: Consumers, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A handler that wakes a task (a scheduler's driver, woken by its reply) which
-    starts its own (the driver's write) has that one sent before the message's ack:
-    nothing waits on an ack, and its round trip stood in front of the write."""
-    transport = make()
-    await transport.publish("acked", b"x")  # (the stream and its pipeline made)
-    reply = asyncio.get_running_loop().create_future()
-    order: list[str] = []
-    flush = transport._batch._flush
-
-    async def noted_flush() -> None:
-        if reply.done():
-            order.append("ack sent")
-        await flush()
-
-    monkeypatch.setattr(transport._batch, "_flush", noted_flush)
-
-    async def write() -> None:
-        order.append("write sent")
-
-    async def driver() -> None:
-        await reply
-        await asyncio.create_task(write())
-
-    async def handler(body: bytes) -> None:
-        reply.set_result(body)
-
-    driving = asyncio.create_task(driver())
-    consumers.start(transport, "acked", handler)
-    async with asyncio.timeout(HANG_GUARD):
-        await driving
-        while "ack sent" not in order:
-            await asyncio.sleep(0.005)
-    assert order == ["write sent", "ack sent"]
-
 
 async def test_a_dead_consumers_unacked_message_is_taken_over(
         make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:

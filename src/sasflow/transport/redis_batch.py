@@ -77,20 +77,14 @@ class AutoPipeline:
         return op.future
 
     def ack(self, key: str, group: str, entry_id: bytes) -> asyncio.Future[Any]:
-        """XACK then XDEL `entry_id` of `key` (shared with other acks of `key` waiting).
-
-        Its flush starts a turn of the loop later than a publish's: what the
-        message's handler set going (a scheduler's driver, woken by its reply)
-        starts its own work first (the driver's write), and that is sent before
-        the ack. Nothing waits on an ack; its round trip stood in front of the write."""
+        """XACK then XDEL `entry_id` of `key` (shared with other acks of `key` waiting)."""
         op = self._op()
         self._acks.setdefault((key, group), []).append((entry_id, op))
-        asyncio.get_running_loop().call_soon(self._kick)
+        self._kick()
         return op.future
 
     async def drain(self) -> None:
         """Wait until everything submitted so far has been flushed."""
-        await asyncio.sleep(0)  # an ack's flush is started a turn after it came
         while self._tasks:
             await asyncio.wait(list(self._tasks))
 
