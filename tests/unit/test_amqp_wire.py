@@ -170,13 +170,30 @@ async def test_a_delivery_is_handed_over_once_whole_however_the_socket_cuts_it()
     assert got == [(1, False, b"x" * 2500), (2, True, b""), (3, False, b"three")]
 
 
-async def test_the_acks_of_one_read_go_out_together_at_the_loops_next_turn() -> None:
+async def test_the_acks_of_one_read_go_out_together_behind_what_their_handlers_set_going(
+        ) -> None:
     wire, written, _got = _consuming()
     before = written.writes
+    sent_with_acks_out: list[int] = []  # acks written when the step's write was sent
+
+    async def write_of_the_step() -> None:  # (the group commit's task)
+        sent_with_acks_out.append(written.writes - before)
+
+    async def driver(reply: asyncio.Future[None]) -> None:
+        await reply
+        await asyncio.create_task(write_of_the_step())  # the write its reply leads to
+
+    reply = asyncio.get_running_loop().create_future()
+    driving = asyncio.create_task(driver(reply))
+    await asyncio.sleep(0)  # the driver waits for its reply
+    reply.set_result(None)  # a delivery's handler hands the reply over, then settles
     assert wire.ack(1) and wire.nack(2) and wire.ack(3)
     assert written.writes == before  # not yet: what the handlers woke goes first
-    await asyncio.sleep(0)
-    assert written.writes == before + 1
+    await driving
+    assert sent_with_acks_out == [0]  # and what that set going: the write before the acks
+    while written.writes == before:
+        await asyncio.sleep(0)
+    assert written.writes == before + 1  # the three in one write
     acks = written.frames[-3:]
     assert [type(f) for f in acks] == [Basic.Ack, Basic.Nack, Basic.Ack]
     assert [f.delivery_tag for f in acks] == [1, 2, 3] and acks[1].requeue
