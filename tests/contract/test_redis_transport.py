@@ -128,7 +128,6 @@ async def kill_connections(admin: aioredis.Redis, transport: RedisTransport) -> 
     return killed
 
 
-
 async def test_a_dead_consumers_unacked_message_is_taken_over(
         make: Make, admin: aioredis.Redis, consumers: Consumers) -> None:
     """An entry read by a consumer that died unacked is redelivered after the visibility

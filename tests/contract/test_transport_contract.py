@@ -281,6 +281,28 @@ async def test_cancelling_consume_stops_delivery(transport: Transport, consumers
     assert got.bodies == [b"before"]
 
 
+async def test_a_message_handled_as_its_consumer_stops_is_not_delivered_again(
+        transport: Transport, consumers: Consumers, queue_name: QueueName) -> None:
+    """A handler that ends while its consumer is being stopped has its message settled
+    all the same: the stop does not put back what was handled (it would run again)."""
+    queue = queue_name("stopping")
+    handled, later = Collector(), Collector()
+    stopping: list[asyncio.Task[None]] = []
+
+    async def handled_then_stopped(body: bytes) -> None:
+        stopping[0].cancel()  # the stop comes as the handler ends
+        await handled(body)
+
+    await transport.publish(queue, b"handled")
+    stopping.append(consumers.start(queue, handled_then_stopped))
+    async with asyncio.timeout(HANG_GUARD):
+        await asyncio.gather(stopping[0], return_exceptions=True)
+    await transport.publish(queue, b"after")
+    consumers.start(queue, later)
+    assert await later.until(1) == [b"after"]  # "handled" would have come first
+    assert handled.bodies == [b"handled"]
+
+
 async def test_a_queue_is_consumed_exactly_while_a_consumer_runs(
         transport: Transport, consumers: Consumers, queue_name: QueueName) -> None:
     """This process consumes the queue exactly while a consumer runs."""
