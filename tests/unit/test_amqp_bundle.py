@@ -155,3 +155,41 @@ async def test_close_fails_the_publishes_being_sent_and_those_waiting() -> None:
     for task in publishing:
         with pytest.raises(TransportError, match="the transport closed"):
             await task
+
+
+async def test_a_message_to_an_idle_queue_is_written_at_once_and_the_next_ones_gather() -> None:
+    """A publish that finds its queue idle is written by `send_now` before `post`
+    returns; while its confirm is awaited it counts as a bundle being sent, so the
+    publishes that come meanwhile gather as they would behind any bundle."""
+    broker, written = Broker(), []
+    broker.confirm.clear()
+    confirms: list[asyncio.Future[None]] = []
+
+    def send_now(queue: str, body: bytes) -> asyncio.Future[None]:
+        written.append((queue, body))
+        confirms.append(asyncio.get_running_loop().create_future())
+        return confirms[-1]
+
+    bundler = Bundler(broker, max_bytes=1 << 20, send_now=send_now)
+    first = bundler.post("q", b"first")
+    assert written == [("q", b"first")] and broker.sent == []  # before post returned
+    later = [bundler.post("q", body) for body in (b"a", b"b")]
+    await until(lambda: broker.sent)
+    assert broker.sent == [("q", [b"a", b"b"])]  # the second in flight: one bundle
+    confirms[0].set_result(None)
+    broker.confirm.set()
+    await asyncio.gather(first, *later)
+    await until(lambda: "q" not in bundler._queues)  # idle again: the next goes at once
+    bundler.post("q", b"next")
+    assert written[-1] == ("q", b"next")
+
+
+async def test_without_send_now_a_lone_message_waits_for_the_next_turn() -> None:
+    """A transport that cannot write at once (the connection not yet open) has its
+    lone message sent by a drain, as before."""
+    broker = Broker()
+    bundler = Bundler(broker, max_bytes=1 << 20, send_now=lambda queue, body: None)
+    sent = bundler.post("q", b"alone")
+    assert broker.sent == []
+    await sent
+    assert broker.sent == [("q", [b"alone"])]
