@@ -62,7 +62,6 @@ queue); ``max_deliveries``, ``redelivery_backoff`` (dead_letter.py);
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -133,7 +132,7 @@ class AmqpTransport:
         self._link = AmqpConnection(self.url, self.outage)
         self._declared: set[str] = set()  # queues the publishing channel has declared
         self._consumed: dict[str, int] = {}  # consumers running in this process, by queue
-        self._bundler = Bundler(self._send, max_bytes=max_message_bytes, send_now=self._sent_now)
+        self._bundler = Bundler(self._send, max_bytes=max_message_bytes)
 
     async def ping(self) -> None:
         """Open the connection, or fail at the first refusal (a health check)."""
@@ -183,41 +182,7 @@ class AmqpTransport:
         self._refuse(queue, body)
         if carries_bundles(queue):
             return self._bundler.post(queue, body)
-        sent = self._sent_now(queue, body)
-        return sent if sent is not None else asyncio.ensure_future(self._send(queue, body, False))
-
-    def _sent_now(self, queue: str, body: bytes) -> asyncio.Future[None] | None:
-        """The message written before this returns, when nothing is to be waited for
-        first (its queue declared, the publisher's connection open): a step's request
-        then leaves in its driver's turn of the loop, not in a task's a turn later.
-        The future ends with the confirm; a message returned (its queue deleted) or
-        whose connection was lost is published again, as `publish` would. None when
-        something is to be waited for first."""
-        if queue not in self._declared or self._link.opened() is None:
-            return None
-        confirm = self._publisher.send_now(queue, body, Properties(delivery_mode=PERSISTENT))
-        if confirm is None:
-            return None
-        outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        confirm.add_done_callback(functools.partial(self._confirmed_now, queue, body, outcome))
-        return outcome
-
-    def _confirmed_now(self, queue: str, body: bytes, outcome: asyncio.Future[None],
-                       confirm: asyncio.Future[None]) -> None:
-        if outcome.done():  # cancelled: its driver stopped
-            return
-        error = ConnectionError("cancelled") if confirm.cancelled() else confirm.exception()
-        if error is None:
-            outcome.set_result(None)
-        elif isinstance(error, MessageNacked):
-            outcome.set_exception(
-                TransportError(f"RabbitMQ refused a message to {queue}: {error}"))
-        else:
-            if isinstance(error, MessageReturned):
-                self._declared.discard(queue)  # declared again as it is sent again
-            again = asyncio.ensure_future(self._send(queue, body, False))
-            again.add_done_callback(functools.partial(_pass_on, outcome))
-            outcome.add_done_callback(lambda _: again.cancel())  # (ended: nothing)
+        return asyncio.ensure_future(self._send(queue, body, False))
 
     def _refuse(self, queue: str, body: bytes) -> None:
         """MessageRefused, before anything is sent, for what RabbitMQ would never take."""
@@ -364,15 +329,3 @@ def _split_url(url: str) -> tuple[str, FieldTable, DeliveryPolicy, str]:
         rest.append(("reconnect_interval", str(_RECONNECT_INTERVAL)))
     return (urlunsplit(parts._replace(query=urlencode(rest))), arguments, policy,
             dead_letters)
-
-
-def _pass_on(outcome: asyncio.Future[None], again: asyncio.Future[None]) -> None:
-    """`again`'s end, handed to `outcome` (unless that ended first)."""
-    if outcome.done():
-        return
-    if again.cancelled():
-        outcome.cancel()
-    elif (error := again.exception()) is not None:
-        outcome.set_exception(error)
-    else:
-        outcome.set_result(None)

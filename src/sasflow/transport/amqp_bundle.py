@@ -8,9 +8,7 @@ client, not the broker, was the limit (docs/benchmarks.md). So publishes to a
 queue that arrive while its previous bundle is being sent gather into the next
 one: one persistent message, one confirm, one delivery, one ack. Each caller's
 future (`post`) still ends only once the broker confirmed the bundle holding its
-message. A message that finds the queue idle goes alone, as a plain message,
-written at once in its caller's turn of the loop when the connection is open and
-the queue declared (the transport's `_sent_now`).
+message. A message that finds the queue idle goes alone, as a plain message.
 
 Only sasflow's own queues (agent requests, scheduler replies) carry bundles: an
 application's status queue gets one plain message per status, readable by any
@@ -23,7 +21,6 @@ had come alone (transport.amqp_consume), and the bundle is acked when all are do
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,9 +44,6 @@ _decode = msgspec.msgpack.Decoder(list[bytes]).decode
 
 # Sends one AMQP message: (queue, body, is_bundle), returning once confirmed.
 Send = Callable[[str, bytes, bool], Awaitable[None]]
-# Writes one plain message at once if nothing is to be waited for first: (queue, body),
-# the future of its confirm, or None.
-SendNow = Callable[[str, bytes], "asyncio.Future[None] | None"]
 
 
 def encode_bundle(bodies: list[bytes]) -> bytes:
@@ -72,10 +66,8 @@ class Bundler:
     """Gathers concurrent publishes per queue into bundles (see the module docstring)."""
 
     def __init__(self, send: Send, *, max_bytes: int,
-                 max_messages: int = MAX_BUNDLE_MESSAGES,
-                 send_now: SendNow = lambda queue, body: None) -> None:
+                 max_messages: int = MAX_BUNDLE_MESSAGES) -> None:
         self._send = send
-        self._send_now = send_now
         self._max_bytes = max_bytes  # a bundle's size stays within the message limit
         self._max_messages = max_messages
         self._queues: dict[str, _Queue] = {}
@@ -86,33 +78,15 @@ class Bundler:
         confirmed it. Cancelled while it still waits, it is not sent."""
         state = self._queues.get(queue)
         if state is None:
-            # the queue is idle: its message would go alone anyway, so it goes now, in
-            # its caller's turn of the loop (a step's request or reply, not a task's
-            # turn later), counted as a bundle being sent
-            sent = self._send_now(queue, body)
             state = self._queues[queue] = _Queue()
-            if sent is not None:
-                state.sending = 1
-                sent.add_done_callback(functools.partial(self._sent_alone, queue, state))
-                return sent
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         state.waiting.append((body, future))
-        self._drain_soon(queue, state)
-        return future
-
-    def _drain_soon(self, queue: str, state: _Queue) -> None:
         if state.sending < _IN_FLIGHT:
             state.sending += 1
             task = asyncio.create_task(self._drain(queue, state))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-
-    def _sent_alone(self, queue: str, state: _Queue, _: asyncio.Future[None]) -> None:
-        state.sending -= 1
-        if state.waiting:
-            self._drain_soon(queue, state)
-        elif not state.sending and self._queues.get(queue) is state:
-            del self._queues[queue]
+        return future
 
     async def close(self) -> None:
         """Stop sending; publishes still waiting fail with TransportError."""
@@ -136,8 +110,8 @@ class Bundler:
                     await self._send_batch(queue, batch)
         finally:
             state.sending -= 1
-            if not state.sending and not state.waiting and self._queues.get(queue) is state:
-                del self._queues[queue]
+            if not state.sending and not state.waiting:
+                self._queues.pop(queue, None)
 
     def _take(self, state: _Queue) -> list[tuple[bytes, asyncio.Future[None]]]:
         """The next bundle's messages, in publishing order, within both caps."""

@@ -46,16 +46,7 @@ class WirePublisher:
         wire = self._wire
         if wire is None or wire.lost is not None:
             wire = await self._open()
-        await wire.send(queue, body, properties)
-
-    def send_now(self, queue: str, body: bytes, properties: Basic.Properties
-                 ) -> asyncio.Future[None] | None:
-        """`body` written to `queue` now, its confirm's future; None while the
-        connection is not open (`publish` opens it)."""
-        wire = self._wire
-        if wire is None or wire.lost is not None:
-            return None
-        return wire.send(queue, body, properties)
+        await wire.publish(queue, body, properties)
 
     async def _open(self) -> PublishingWire:
         if self._opening is None:
@@ -94,6 +85,7 @@ class PublishingWire(Wire):
     def __init__(self, address: WireAddress) -> None:
         super().__init__(address)
         self._confirms: dict[int, asyncio.Future[None]] = {}  # by delivery tag, in order
+        self._tags: dict[str, int] = {}  # a publish's message id: its delivery tag
         self._published = 0
         self._returning = False  # a returned message's header is next
         self.handlers.update({
@@ -102,15 +94,14 @@ class PublishingWire(Wire):
             pamqp_body.ContentBody: lambda _: None,  # a returned message's body
         })
 
-    def send(self, queue: str, body: bytes, properties: Basic.Properties
-             ) -> asyncio.Future[None]:
-        """Write the message's frames now; the future ends with its confirm."""
+    async def publish(self, queue: str, body: bytes, properties: Basic.Properties) -> None:
         if self.lost is not None or self._transport is None:
             raise ConnectionError(str(self.lost))
         self._published += 1
         tag = self._published
         # the id a return names the message by (RabbitMQ returns before it confirms)
-        properties.message_id = str(tag)
+        properties.message_id = message_id = str(tag)
+        self._tags[message_id] = tag
         confirmed = self._confirms[tag] = self.loop.create_future()
         room = self.frame_max - FRAME_OVERHEAD
         self.write(b"".join((
@@ -120,11 +111,10 @@ class PublishingWire(Wire):
                                 CHANNEL),
             *(pamqp_frame.marshal(pamqp_body.ContentBody(body[at:at + room]), CHANNEL)
               for at in range(0, len(body), room)))))
-        return confirmed
-
-    async def publish(self, queue: str, body: bytes, properties: Basic.Properties) -> None:
-        """`send`, once confirmed."""
-        await self.send(queue, body, properties)
+        try:
+            await confirmed
+        finally:
+            self._tags.pop(message_id, None)
 
     def failed(self, error: ConnectionError) -> None:
         waiting, self._confirms = self._confirms, {}
@@ -154,8 +144,7 @@ class PublishingWire(Wire):
         if not self._returning:
             return
         self._returning = False  # its body frames are skipped
-        message_id = frame.properties.message_id or ""
-        tag = int(message_id) if message_id.isdigit() else None  # (its tag: see send)
+        tag = self._tags.get(frame.properties.message_id or "")
         confirmed = self._confirms.pop(tag, None) if tag is not None else None
         if confirmed is not None and not confirmed.done():
             confirmed.set_exception(MessageReturned("RabbitMQ returned the message"))
