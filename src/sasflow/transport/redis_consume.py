@@ -182,9 +182,11 @@ class StreamConsumer:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(beat, *running.values(), return_exceptions=True)
-            with contextlib.suppress(TimeoutError):  # the acks of handlers that ended go
-                async with asyncio.timeout(transport.block_seconds):  # before what is held
-                    await transport._batch.drain()  # is put back
+            # the acks of the handlers that ended go out before what is held is put
+            # back: put back, a handled message would be delivered and run again
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(transport.block_seconds):
+                    await transport._batch.drain()
             await self._leave_group()
             with contextlib.suppress(RedisError, OSError):
                 async with asyncio.timeout(transport.block_seconds):
