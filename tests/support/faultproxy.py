@@ -81,6 +81,7 @@ class FaultProxy:
         self._requests.set()
         self._answers.set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._accepting: set[asyncio.Task[None]] = set()  # (held: a task is weakly held)
         self._server: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy",
                                         daemon=True)
@@ -136,7 +137,7 @@ class FaultProxy:
 
     # ------------------------------------------------------------ the loop's side
     async def _start(self, port: int) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port,
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", port,
                                                   ssl=self.tls)
         bound: int = self._server.sockets[0].getsockname()[1]
         return bound
@@ -169,9 +170,17 @@ class FaultProxy:
     def _resetting(self) -> bool:
         return self.mode == "reset"
 
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # the connection is known as it is accepted, not when its task first runs: a
+        # stop that cancels the task before then still resets it (else its socket
+        # outlived the loop, unclosed)
+        self._writers.add(writer)
+        task = asyncio.get_running_loop().create_task(self._accept(reader, writer))
+        self._accepting.add(task)
+        task.add_done_callback(self._accepting.discard)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        self._writers.add(writer)
         try:
             await self._connect(reader, writer)
         finally:
