@@ -531,30 +531,6 @@ async def test_an_end_is_written_without_waiting_for_its_notice(
 
 
 @on_postgres
-async def test_an_ends_notice_goes_after_the_writer_it_woke(
-        make_store: StoreFactory, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The writer of a batch that ended a task goes on before the NOTIFY's statement is
-    sent: a scheduler hands the ended task to a waiting client of its own process
-    first, and the notice for other processes follows (and closing waits for it)."""
-    worker = postgres(make_store, clock)
-    order: list[str] = []
-
-    async def noted_notice(conn: psycopg.AsyncConnection[Any], task_ids: list[str]) -> None:
-        order.append("notice")
-        await sent_notice(conn, task_ids)
-
-    sent_notice = tell_finished
-    monkeypatch.setattr(bulk, "tell_finished", noted_notice)
-    assert await worker.submit(new_task("ended"))
-    task = await worker.get("ended")
-    assert task is not None
-    assert await worker.apply(PLANS["order"].cancel(task, worker.now()))
-    order.append("writer")
-    await worker.close()
-    assert order == ["writer", "notice"]
-
-
-@on_postgres
 async def test_a_notice_that_fails_loses_nothing_but_itself(
         make_store: StoreFactory, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     """A NOTIFY that fails (its connection gone) leaves the ended task written and

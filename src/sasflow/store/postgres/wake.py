@@ -164,13 +164,7 @@ class CommitNotices:
         self._sending: set[asyncio.Task[None]] = set()
 
     def tell(self, notices: Notices) -> None:
-        """Send `notices` on a connection of the pool (on its home loop), a turn of the
-        loop later: the writers of the batch, woken as its write returns, go first (a
-        driver hands an ended task to this process's waiting client then; the
-        notice's statement sent ahead of it cost that client ~0.17 ms)."""
-        asyncio.get_running_loop().call_soon(self._start, notices)
-
-    def _start(self, notices: Notices) -> None:
+        """Send `notices` on a connection of the pool (on its home loop)."""
         notice = asyncio.get_running_loop().create_task(self._send(notices))
         self._sending.add(notice)
         notice.add_done_callback(self._sending.discard)
@@ -178,7 +172,6 @@ class CommitNotices:
     async def sent(self) -> None:
         """Once every notice on its way from this loop has gone, or failed."""
         here = asyncio.get_running_loop()
-        await asyncio.sleep(0)  # those told this turn have started (tell: a turn later)
         await asyncio.gather(*(notice for notice in self._sending if notice.get_loop() is here))
 
     async def _send(self, notices: Notices) -> None:
