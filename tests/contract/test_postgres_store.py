@@ -31,6 +31,7 @@ from sasflow.store.listing import TaskQuery
 from sasflow.store.postgres import PostgresStore, bulk
 from sasflow.store.postgres.bulk import new_token, tell_finished, write_batch
 from sasflow.store.postgres.migrations import scripts as pg_migrations
+from sasflow.store.postgres.stalled import session_name
 from sasflow.transition import Transition
 from support.process import Process
 from support.stores import PLANS, Clock, StoreFactory, new_task, submitted
@@ -282,7 +283,8 @@ async def test_reads_survive_the_servers_end_of_a_pooled_connection(
         await submitted(store, "t1")
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
             cur = await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                                      " WHERE application_name = %s", (name,))
+                                      " WHERE application_name = %s",
+                                      (session_name(f"{url}&application_name={name}"),))
             assert (await cur.fetchall()) == [(True,)]
         task = await store.get("t1")
         assert task is not None and task.task_id == "t1"

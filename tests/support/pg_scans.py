@@ -26,14 +26,15 @@ async def run_to_the_end(store: Store, task: Task, owner: str) -> Task:
 
 def scanned_rows(url: str, application_name: str) -> dict[str, int]:
     """Rows returned by sequential scans so far, per table of the schema of `url`,
-    once no backend named `application_name` is left: a backend hands its counts
-    in as it exits."""
+    once no backend of that `application_name` is left (the store's pool names its own
+    after it: stalled.py): a backend hands its counts in as it exits."""
     schema = parse_qs(urlsplit(url).query)["options"][0].split("=", 1)[1]
     with psycopg.connect(url, autocommit=True) as conn:
         end = time.monotonic() + HANG_GUARD
         # a backend's exit has no event to wait on: poll for it (the positive signal)
-        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                           (application_name,)).fetchone() != (0,):
+        while conn.execute("SELECT count(*) FROM pg_stat_activity"
+                           " WHERE application_name LIKE %s",
+                           (f"{application_name}%",)).fetchone() != (0,):
             assert time.monotonic() < end, "the store's connections did not close"
             time.sleep(0.05)
         rows = conn.execute("SELECT relname, seq_tup_read FROM pg_stat_user_tables"

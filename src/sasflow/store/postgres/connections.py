@@ -44,6 +44,7 @@ from sasflow.store import queries
 from sasflow.store.postgres import migrations
 from sasflow.store.postgres.backoff import Backoff
 from sasflow.store.postgres.plans import FreshPlans
+from sasflow.store.postgres.stalled import StalledTransactions, session_name
 
 __all__ = ["RETRIED", "Connections", "Lost"]
 
@@ -52,6 +53,9 @@ log = logging.getLogger("sasflow.store.postgres")
 _T = TypeVar("_T")
 _Q = queries.load("postgres", "pyformat")
 RETRIED = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)  # 40001, 40P01
+# a lock waited on past lock_timeout (55P03): its holder may be a stalled transaction,
+# ended before the job runs again (stalled.py)
+LOCK_WAIT_ENDED = pg_errors.LockNotAvailable
 _CONFLICT_ATTEMPTS = 5
 _CLOCK_REFRESH_S = 30.0
 _RECONNECT_FOR_S = 60.0  # how long a call waits for a lost database to come back
@@ -88,14 +92,6 @@ def has_jit(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> boo
     return conn.info.server_version >= 110000  # PostgreSQL 10 has no JIT to turn off
 
 
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Every pooled connection's session settings (queries.sql session_bounds and
-    session_setup)."""
-    await conn.execute(_Q["session_bounds"])
-    if has_jit(conn):
-        await conn.execute(_Q["session_setup"])
-
-
 class Lost(Exception):
     """The connection died inside a write: whether it committed is not known yet."""
 
@@ -125,6 +121,8 @@ class Connections:
         self.outage = Outage(log, "the PostgreSQL store")
         # a young store's plans, made again as its tables grow (plans.py)
         self.plans = FreshPlans()
+        self.session_name = session_name(conninfo)
+        self.stalled = StalledTransactions()
 
     def backoff(self, budget: float | None = None) -> Backoff:
         return Backoff(self.reconnect_for if budget is None else budget, self.outage)
@@ -182,8 +180,8 @@ class Connections:
                 self.pool = AsyncConnectionPool(
                     self.conninfo, min_size=0, max_size=self.pool_size, open=False,
                     kwargs={"autocommit": True, "connect_timeout": self.connect_timeout(),
-                            "row_factory": dict_row},
-                    configure=_configure,
+                            "row_factory": dict_row, "application_name": self.session_name},
+                    configure=self._configure,
                     name=f"{_POOL_PREFIX}{id(self):x}", reconnect_timeout=_POOL_RECONNECT_S)
                 self._open_lock = asyncio.Lock()
                 self.opened = False
@@ -202,6 +200,13 @@ class Connections:
         return loop_calls.into(home)(make)
 
     # ------------------------------------------------------------ connections
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Every pooled connection's session settings: its bounds (stalled.py) and
+        queries.sql session_setup."""
+        await self.stalled.bound(conn)
+        if has_jit(conn):
+            await conn.execute(_Q["session_setup"])
+
     def connect_timeout(self) -> int:
         """Seconds one connection attempt may take (within what the caller waits)."""
         return max(2, int(min(self.reconnect_for, _CONNECT_ATTEMPT_S)))
@@ -263,7 +268,8 @@ class Connections:
 
         With `transaction`, in one transaction; without, each statement is a
         transaction by itself (reads, and writes of one statement: no BEGIN or
-        COMMIT round trips). Again after a conflict (40001, 40P01). After a lost
+        COMMIT round trips). Again after a conflict (40001, 40P01) or a lock
+        waited on too long (55P03, its holder ended if stalled). After a lost
         connection, with `lost="retry"` (reads and writes safe to repeat) again
         once the database is back, for up to `reconnect_for` seconds; with
         `lost="raise"` the caller, who knows how to find out what committed, gets
@@ -280,13 +286,17 @@ class Connections:
                     self.outage.recovered()
                     if self.clock_is_stale():
                         await self._refresh_clock(conn)
+                    if self.stalled.due():
+                        await self.stalled.end(conn)
                     if not transaction:
                         return await job(conn)
                     # pipeline mode: BEGIN goes with the first statement and COMMIT
                     # with the last, instead of a round trip each
                     async with conn.pipeline(), conn.transaction():
                         return await job(conn)
-            except RETRIED as error:
+            except (*RETRIED, LOCK_WAIT_ENDED) as error:
+                if isinstance(error, LOCK_WAIT_ENDED):
+                    self.stalled.look_again()
                 conflicts += 1
                 if conflicts == _CONFLICT_ATTEMPTS:
                     raise StoreError(f"the PostgreSQL store kept conflicting: {error}"

@@ -18,13 +18,27 @@
 SET jit = off
 
 -- name: session_bounds
--- A process stopped or hung inside one of the store's transactions (SIGSTOP, a
--- frozen VM) would hold its row locks for as long as it stays stopped: the lease row
--- of a frozen leader alone keeps every standby from taking over. The store's
--- transactions never wait on their client between statements for more than a moment,
--- so the server ends a session that does after 10 s, and its locks go with it; the
--- process, once resumed, finds its connection gone and its writes fenced.
-SET idle_in_transaction_session_timeout = '10s'
+-- How long a pooled session may sit inside one transaction waiting on its client, and
+-- on a lock (stalled.py: the store's transactions take milliseconds, one open this
+-- long has a client that stopped). Values in milliseconds.
+SELECT set_config('idle_in_transaction_session_timeout', :bound_ms, false),
+       set_config('lock_timeout', :lock_wait_ms, false)
+
+-- name: transaction_bound
+-- PostgreSQL 17 and later end a transaction open this long themselves, pipelined
+-- or not (stalled.py).
+SELECT set_config('transaction_timeout', :bound_ms, false)
+
+-- name: end_stalled_transactions
+-- End the sessions of this store (same database, role and application_name) that
+-- have been inside one transaction for longer than `after` seconds: their client
+-- stopped mid-write, and their row locks hold up everyone else (stalled.py).
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS ended
+FROM pg_stat_activity
+WHERE datname = current_database() AND usename = current_user
+  AND application_name = current_setting('application_name')
+  AND pid <> pg_backend_pid()
+  AND xact_start < clock_timestamp() - make_interval(secs => :after)
 
 -- name: db_clock
 SELECT extract(epoch FROM clock_timestamp())::double precision AS now
