@@ -11,7 +11,7 @@ import pytest
 from pamqp import body as pamqp_body
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
-from pamqp.commands import Basic, Channel, Queue
+from pamqp.commands import Basic, Channel, Connection, Queue
 
 from sasflow.errors import ConfigurationError
 from sasflow.transport.amqp_wire import ChannelRefused, Wire, WireAddress
@@ -197,6 +197,26 @@ async def test_the_acks_of_one_read_go_out_together_behind_what_their_handlers_s
     acks = written.frames[-3:]
     assert [type(f) for f in acks] == [Basic.Ack, Basic.Nack, Basic.Ack]
     assert [f.delivery_tag for f in acks] == [1, 2, 3] and acks[1].requeue
+
+
+async def test_acks_waiting_for_their_turn_go_out_before_the_connection_closes() -> None:
+    """A consumer stopped right after its handlers settled: the broker would take the
+    messages back with the connection, and deliver them again, if the goodbye went
+    out before their acks."""
+    wire, written, _got = _consuming()
+    assert wire.ack(1) and wire.nack(2) and wire.ack(3)
+    closing = asyncio.create_task(wire.close())
+    while not any(isinstance(f, Connection.Close) for f in written.frames):
+        await asyncio.sleep(0)
+    kinds = [type(f) for f in written.frames]
+    assert kinds[-4:] == [Basic.Ack, Basic.Nack, Basic.Ack, Connection.Close]
+    for _ in range(3):  # the turns the acks had waited for: nothing is written twice
+        await asyncio.sleep(0)
+    assert len(written.frames) == len(kinds)
+    wire.data_received(pamqp_frame.marshal(Connection.CloseOk(), 0))
+    assert written.closed
+    wire.connection_lost(None)  # (the socket gone)
+    await closing
 
 
 async def test_an_ack_on_a_connection_that_ended_is_dropped() -> None:

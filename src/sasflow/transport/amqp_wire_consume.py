@@ -88,7 +88,14 @@ class ConsumingWire(Wire):
 
     def _write_settled(self) -> None:
         settled, self._settled = self._settled, []
-        self.write(b"".join(settled))
+        if settled:  # (none left if the connection's close wrote them)
+            self.write(b"".join(settled))
+
+    async def close(self) -> None:
+        """Close the connection, with the acks still waiting for their turn written
+        first: the broker would take their messages back and deliver them again."""
+        self._write_settled()
+        await super().close()
 
     # ------------------------------------------------------------ a delivery's frames
     def _deliver_begins(self, frame: Basic.Deliver) -> None:
