@@ -1,4 +1,5 @@
-"""Transactions whose client stopped: ended, so that their row locks free the others.
+"""Transactions whose client stopped: ended, so that their row locks free the others
+(SPEC M3, M5: a standby takes over, and another scheduler claims, whatever froze).
 
 A process stopped inside one of the store's transactions (SIGSTOP, a frozen VM, a
 link cut mid-write) holds that transaction's row locks for as long as it stays
