@@ -130,3 +130,36 @@ def test_the_store_names_its_own_sessions_apart_from_the_applications() -> None:
     assert session_name(base) == "sasflow-store"
     assert session_name(f"{base}?application_name=billing") == "billing:sasflow-store"
     assert len(session_name(f"{base}?application_name={'x' * 80}").encode()) == 63
+
+
+async def test_a_long_read_is_left_to_run_where_a_stalled_writer_is_ended(url: str) -> None:
+    """Both in a transaction past the bound, in sessions named as the store's: the one
+    that wrote (it holds a transaction id, and row locks) is ended; the read, which
+    holds neither, is left to run. The look that ends the one judges the other."""
+    store = PostgresStore(url, stalled_after=BOUND)
+    name = session_name(url)
+    reader = await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=name)
+    writer = await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=name)
+    try:
+        await submitted(store, "t1")
+        reading = asyncio.create_task(reader.execute("SELECT pg_sleep(600)"))
+        await until_given(lambda: asyncio.to_thread(session_of, url, reader.info.backend_pid),
+                          "the read under way")
+        await writer.execute("BEGIN")
+        await writer.execute("UPDATE tasks SET version = version WHERE task_id = 't1'")
+
+        async def writer_ended() -> bool:
+            await store.get("t1")  # a job of the store's, before which it looks
+            return not session_of(url, writer.info.backend_pid)
+
+        await until_given(writer_ended, "the stalled writer ended")
+        [(state,)] = session_of(url, reader.info.backend_pid)
+        assert state == "active", "the read was ended with the writer"
+        reader.cancel()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            await reading
+    finally:
+        for conn in (reader, writer):
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+        await store.close()

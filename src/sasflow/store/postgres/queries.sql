@@ -31,13 +31,15 @@ SELECT set_config('transaction_timeout', :bound_ms, false)
 
 -- name: end_stalled_transactions
 -- End the sessions of this store (same database, role and application_name) that
--- have been inside one transaction for longer than `after` seconds: their client
--- stopped mid-write, and their row locks hold up everyone else (stalled.py).
+-- have been inside one transaction for longer than `after` seconds, holding a
+-- transaction id (they wrote or locked rows): their client stopped mid-write, and
+-- their row locks hold up everyone else (stalled.py). A long read holds none, and
+-- is left to run.
 SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS ended
 FROM pg_stat_activity
 WHERE datname = current_database() AND usename = current_user
   AND application_name = current_setting('application_name')
-  AND pid <> pg_backend_pid()
+  AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL
   AND xact_start < clock_timestamp() - make_interval(secs => :after)
 
 -- name: db_clock

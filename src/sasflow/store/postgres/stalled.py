@@ -21,7 +21,9 @@ store's processes end such sessions themselves:
   a conflict, instead of waiting with it;
 * before a job, at most every half bound, a process ends the sessions of the
   same store (same database, role and `application_name`) that have been inside
-  one transaction for longer than the bound. A stalled transaction is then gone
+  one transaction for longer than the bound, holding a transaction id: they wrote
+  or locked rows (`SELECT ... FOR UPDATE` takes one too). A long read holds none
+  and blocks no one's writes: it is left to run. A stalled transaction is then gone
   within about the bound plus a half, whoever needs its rows: a standby taking
   the lease, a scheduler claiming, a supervisor recovering.
 
