@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -58,8 +59,10 @@ def stop_inside(verb: str, url: str, tmp_path: Path, started: list[Process]) -> 
     started.append(writer)
     line = writer.wait_for_line("stalled: backend ")
     backend = int(line.split("stalled: backend ")[1].split()[0])
+    deadline = time.monotonic() + HANG_GUARD
     while writer.proc_state() != "T":  # (it stops itself just after it said so)
-        writer.wait_for_line("stalled: backend ")
+        assert writer.alive and time.monotonic() < deadline, writer.tail()
+        time.sleep(0.005)
     return writer, backend
 
 
