@@ -24,11 +24,6 @@ SET jit = off
 SELECT set_config('idle_in_transaction_session_timeout', :bound_ms, false),
        set_config('lock_timeout', :lock_wait_ms, false)
 
--- name: transaction_bound
--- PostgreSQL 17 and later end a transaction open this long themselves, pipelined
--- or not (stalled.py).
-SELECT set_config('transaction_timeout', :bound_ms, false)
-
 -- name: end_stalled_transactions
 -- End the sessions of this store (same database, role and application_name) that
 -- have been inside one transaction for longer than `after` seconds, holding a

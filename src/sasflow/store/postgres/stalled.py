@@ -12,8 +12,8 @@ sessions. Its timer starts only when the server tells its client it is ready for
 the next query (after a Sync), and the store's transactions run in pipeline mode:
 psycopg asks for each result with a flush request, so between the statements of
 a transaction the session is reported `active`, with no timer running, for as
-long as its client stays away. PostgreSQL 17's `transaction_timeout` bounds the
-whole transaction and is set where the server has it. On older servers the
+long as its client stays away. (PostgreSQL 17's `transaction_timeout` would
+bound every transaction, a long read's too, which is no stalled writer.) So the
 store's processes end such sessions themselves:
 
 * every pooled session waits on a lock for at most half the bound
@@ -76,11 +76,8 @@ class StalledTransactions:
 
     async def bound(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Set a new pooled session's bounds (queries.sql session_bounds)."""
-        bound_ms = str(round(self.after * 1000))
-        await conn.execute(_Q["session_bounds"], {"bound_ms": bound_ms,
+        await conn.execute(_Q["session_bounds"], {"bound_ms": str(round(self.after * 1000)),
                                                   "lock_wait_ms": str(round(self.after * 500))})
-        if conn.info.server_version >= 170000:
-            await conn.execute(_Q["transaction_bound"], {"bound_ms": bound_ms})
 
     def due(self) -> bool:
         return self._allowed and time.monotonic() - self._checked_at >= self.after / 2
