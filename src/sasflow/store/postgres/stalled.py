@@ -12,9 +12,11 @@ sessions. Its timer starts only when the server tells its client it is ready for
 the next query (after a Sync), and the store's transactions run in pipeline mode:
 psycopg asks for each result with a flush request, so between the statements of
 a transaction the session is reported `active`, with no timer running, for as
-long as its client stays away. (PostgreSQL 17's `transaction_timeout` would
-bound every transaction, a long read's too, which is no stalled writer.) So the
-store's processes end such sessions themselves:
+long as its client stays away. Asking for results with a Sync instead would start
+that timer after each answer, but not for a process stopped between two of its
+own sends; PostgreSQL 17's `transaction_timeout` would bound every transaction,
+a long read's too, which is no stalled writer. So the store's processes end
+such sessions themselves, whatever shape the stop took:
 
 * every pooled session waits on a lock for at most half the bound
   (`lock_timeout`): a write blocked by a stalled holder fails, and is retried as
