@@ -11,6 +11,11 @@ mismatch is ONE incident, whatever the number of tasks it holds:
 * ``agent:NAME``: tasks of declared versions waiting at a unit of an agent that
   no live process serves.
 
+An instance is live while its last beat is within the lease it declared: the
+rule by which the supervisor releases a gone instance's tasks (store
+select_orphaned), so a dead worker's version is absent from the census as soon
+as its tasks are released, not a fixed half minute later.
+
 An incident is raised as one alert (no task id) once it has been seen by two
 censuses in a row spanning at least `grace` seconds: a worker that is still
 starting, or the replacement of one that died, has that long to beat before its
@@ -90,7 +95,7 @@ class IncidentWatch:
     """The leader's census, taken every `every` seconds (store time), and its alerts."""
 
     def __init__(self, store: SupervisorStore, plans: Mapping[str, Plan], *, every: float,
-                 instance_ttl: float, realert_after: float,
+                 instance_ttl: float | None, realert_after: float,
                  on_alert: Callable[[Alert], None], grace: float = 0.0) -> None:
         self.store = store
         self.plans = plans
@@ -114,8 +119,11 @@ class IncidentWatch:
     async def check(self) -> list[Alert]:
         """Take a census now; raise and resolve alerts; return those raised."""
         now = self.store.now()
+        # live as the orphans' release judges it (store/queries.sql select_orphaned): no
+        # instance's tasks are released as gone while the census still counts it
         live = [i for i in await self.store.instances()
-                if i.stopped_at is None and now - i.beat_at <= self.instance_ttl]
+                if i.stopped_at is None and now - i.beat_at <= (
+                    i.lease if self.instance_ttl is None else self.instance_ttl)]
         found = find_incidents(await self.store.census(), live, self.plans)
         seen = self._since
         self._since = {key: seen.get(key, now) for key in found}

@@ -64,12 +64,13 @@ class Supervisor:
                  interval: float = 1.0, batch: int = 1000,
                  on_applied: Callable[[Transition], None] = lambda t: None,
                  on_alert: Callable[[Alert], None] = lambda a: None,
-                 census_interval: float | None = None, instance_ttl: float = 30.0,
+                 census_interval: float | None = None, instance_ttl: float | None = None,
                  realert_after: float = 3600.0, forget_instances_after: float = 86400.0,
                  incident_grace: float = 0.0) -> None:
         """`census_interval` (default 10 intervals): how often the leader compares what
         unfinished tasks need with what live instances declare; `instance_ttl`: how
-        old a heartbeat may be for its instance to count as live; `realert_after`: when
+        old a heartbeat may be for its instance to count as live (by default its own
+        lease, after which its tasks are released as gone); `realert_after`: when
         an incident still there is raised again (R4, incidents.py); `incident_grace`:
         how long an incident must last before it is raised (besides two censuses), so
         that a worker still starting is not reported absent;

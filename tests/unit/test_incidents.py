@@ -139,3 +139,26 @@ async def test_a_worker_starting_within_the_grace_raises_nothing(store: SQLiteSt
     assert alert.incident == f"workflow:order@{ORDER.version}"
     [stored] = await store.alerts()  # the only one, in all that time
     assert (stored.incident, stored.at) == (alert.incident, clock.now)
+
+
+async def test_an_instance_counts_as_live_for_as_long_as_its_own_lease(
+        store: SQLiteStore) -> None:
+    """By default the census judges a worker as the orphans' release does: live while its
+    last beat is within the lease it declared, gone after. A dead worker's version is
+    then reported absent as soon as its tasks are released as gone, not later."""
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    await submit(store, "a")
+    await store.beat(Instance(instance_id="w-1", host="h", pid=1, roles=["scheduler", "agent"],
+                              agents=["inventory", "payments"],
+                              workflows={"order": ORDER.version}, lease=4.0))
+    incidents = IncidentWatch(store, PLANS, every=1.0, instance_ttl=None,
+                              realert_after=3600.0, on_alert=lambda a: None)
+    for _ in range(2):
+        clock.now += 2  # its beat 4 s old at most: within its lease
+        assert await incidents.check() == []
+    clock.now += 0.5  # past it: gone, its tasks released by the next sweep
+    await store.beat(worker("w-sup", agents=[], roles=["supervisor"]))  # (the census's own)
+    assert await incidents.check() == []  # seen once: it may be a worker still starting
+    [alert] = await incidents.check()
+    assert alert.incident == f"workflow:order@{ORDER.version}"
