@@ -43,7 +43,7 @@ def url(postgres_url: str) -> str:
 
 
 @pytest.fixture
-def stalled(url: str, tmp_path: Path) -> Iterator[list[Process]]:
+def stalled() -> Iterator[list[Process]]:
     started: list[Process] = []
     yield started
     for process in started:

@@ -13,10 +13,12 @@ a process frozen mid-write, exactly where the store's code stood. Once continued
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
 from typing import Any
+from unittest import mock
 
 import psycopg
 
@@ -27,8 +29,9 @@ from support.stores import PLANS
 STATEMENTS = {"lease": "INSERT INTO leases", "claim": "FOR UPDATE SKIP LOCKED"}
 
 
-def stop_after(piece: str) -> None:
-    """Once a statement holding `piece` has answered, stop this process (once)."""
+def stop_after(piece: str) -> contextlib.ExitStack:
+    """Once a statement holding `piece` has answered, stop this process (once): psycopg's
+    cursor patched while the returned stack is open."""
     execute, fetchall = psycopg.AsyncCursor.execute, psycopg.AsyncCursor.fetchall
     texts: dict[int, str] = {}
     stopped: list[bool] = []
@@ -46,13 +49,19 @@ def stop_after(piece: str) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
         return rows
 
-    psycopg.AsyncCursor.execute = remembered  # type: ignore[method-assign]
-    psycopg.AsyncCursor.fetchall = answered  # type: ignore[method-assign]
+    patches = contextlib.ExitStack()
+    patches.enter_context(mock.patch.object(psycopg.AsyncCursor, "execute", remembered))
+    patches.enter_context(mock.patch.object(psycopg.AsyncCursor, "fetchall", answered))
+    return patches
 
 
 async def main(url: str, verb: str) -> None:
     store = PostgresStore(url)
-    stop_after(STATEMENTS[verb])
+    with stop_after(STATEMENTS[verb]):
+        await run(store, verb)
+
+
+async def run(store: PostgresStore, verb: str) -> None:
     try:
         if verb == "lease":
             print(f"lease: {await store.acquire_lease('supervisor', 'frozen', 60.0)}",
