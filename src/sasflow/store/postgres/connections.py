@@ -55,7 +55,7 @@ _Q = queries.load("postgres", "pyformat")
 RETRIED = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)  # 40001, 40P01
 # a lock waited on past lock_timeout (55P03): its holder may be a stalled transaction,
 # ended before the job runs again (stalled.py)
-LOCK_WAIT_ENDED = pg_errors.LockNotAvailable
+LOCK_WAIT_RAN_OUT = pg_errors.LockNotAvailable
 _CONFLICT_ATTEMPTS = 5
 _CLOCK_REFRESH_S = 30.0
 _RECONNECT_FOR_S = 60.0  # how long a call waits for a lost database to come back
@@ -294,8 +294,8 @@ class Connections:
                     # with the last, instead of a round trip each
                     async with conn.pipeline(), conn.transaction():
                         return await job(conn)
-            except (*RETRIED, LOCK_WAIT_ENDED) as error:
-                if isinstance(error, LOCK_WAIT_ENDED):
+            except (*RETRIED, LOCK_WAIT_RAN_OUT) as error:
+                if isinstance(error, LOCK_WAIT_RAN_OUT):
                     self.stalled.look_again()
                 conflicts += 1
                 if conflicts == _CONFLICT_ATTEMPTS:
