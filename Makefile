@@ -32,13 +32,15 @@ demo: $(BIN)/sasflow
 	$(BIN)/sasflow demo
 
 # The tests spread over two processes, each file's in one (most wait on processes and
-# servers, not on the CPU); then, in one process, the fault scenarios (chaos/,
-# scenario/), which wait for replacements and lease takeovers, and the API fuzzing.
+# servers, not on the CPU); then the fault scenarios (chaos/, scenario/), which wait
+# for replacements and lease takeovers, two files at a time on their own; then, in one
+# process, the API fuzzing (docs/testing.md).
 test: $(BIN)/sasflow
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n 2 --dist loadfile -m "not serial" --durations=10
-	$(BIN)/pytest -q -m serial --durations=20
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not faults and not serial" --durations=10
+	$(BIN)/pytest -q -n 2 --dist loadfile -m faults --durations=20
+	$(BIN)/pytest -q -m serial --durations=5
 
 test-unit test-sim test-contract test-acceptance test-chaos test-scenario test-web: $(BIN)/sasflow
 	$(BIN)/pytest -q tests/$(@:test-%=%)

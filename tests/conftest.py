@@ -9,17 +9,17 @@ import pytest
 
 from support.services import POSTGRES, RABBITMQ, REDIS, require
 
-# Tests that kill, freeze and partition processes and servers wait for what a
-# replacement does in its own time: `make test` runs them in one process of their
-# own, after the rest has run spread over two (docs/testing.md).
-_ON_THEIR_OWN = ("chaos", "scenario")
+# Tests that kill, freeze and partition processes and servers, and wait for what a
+# replacement does in its own time: `make test` runs them after the rest, two files at
+# a time (docs/testing.md).
+_FAULTS = ("chaos", "scenario")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = Path(__file__).parent
     for item in items:
-        if item.path.relative_to(tests).parts[0] in _ON_THEIR_OWN:
-            item.add_marker(pytest.mark.serial)
+        if item.path.relative_to(tests).parts[0] in _FAULTS:
+            item.add_marker(pytest.mark.faults)
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
     frozen_at = min(frozen_at, at)
     cluster.wait_for("the standby to take the lease from the frozen leader",
                      lambda: (cluster.lease() or ("",))[0] not in ("", leader.name),
-                     timeout=30)
+                     timeout=120)
     cluster.wait_for(f"the {len(held)} tasks the victim held expired and recovered",
                      lambda: run.expired_since(held, frozen_at), timeout=RECOVERY)
     thawed_at = min(victim.thaw(), leader.thaw())
@@ -80,7 +80,7 @@ def test_paused_worker_and_leader_resume_fenced_effects_once(run: Run) -> None:
     run.submit(SECOND_WAVE)
     cluster.wait_for("the old leader to stand by after it resumed",
                      lambda: said_after(leader.log, f"supervisor {leader.name}: standing by"),
-                     timeout=30)
+                     timeout=120)
     run.wait_all_terminal()
     run.stop(victim)  # whatever it had left to write is written, or fenced off, by now
     assert not cluster.db.must("SELECT id FROM history_entries WHERE actor = %s AND at > %s",
@@ -169,7 +169,7 @@ def freeze_leader(cluster: Cluster) -> tuple[Worker, float]:
     stop (a leader may lose the lease between the read and the signal: then again),
     between its writes (freeze_between_writes)."""
     for _ in range(20):
-        name = cluster.wait_for("a supervisor leader", cluster.leader, timeout=30)
+        name = cluster.wait_for("a supervisor leader", cluster.leader, timeout=120)
         leader = cluster.worker(name)
         at = freeze_between_writes(cluster, leader)
         lease = cluster.lease()

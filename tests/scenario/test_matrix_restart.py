@@ -73,7 +73,7 @@ def test_sigkill_of_a_worker_and_the_leader_with_the_in_process_transport(run: R
     workers = start(run)
     held = cluster.locked_by()
     victim = max(workers[:2], key=lambda w: held[w.name])
-    leader = cluster.worker(cluster.wait_for("a supervisor leader", cluster.leader, timeout=30))
+    leader = cluster.worker(cluster.wait_for("a supervisor leader", cluster.leader, timeout=120))
     victim.kill()
     leader.kill()
     print(f"\nkilled {victim.name} holding {held[victim.name]} orders and the leader"

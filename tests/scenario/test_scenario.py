@@ -135,7 +135,7 @@ def run(cluster: Cluster, submitter: App, postgres: Postgres, broker: Broker,
         return f"{victim.name} (pid {victim.pid})"
 
     def kill_leader() -> str:
-        leader = cluster.wait_for("a supervisor to hold the lease", cluster.leader, timeout=10)
+        leader = cluster.wait_for("a supervisor to hold the lease", cluster.leader, timeout=120)
         victim = cluster.worker(leader)
         victim.kill()
         return f"the leader, {victim.name} (pid {victim.pid})"

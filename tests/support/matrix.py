@@ -138,7 +138,7 @@ class Run:
         meter.begin()
         # the span: the supervisor leader renewing its lease twice over (a positive signal
         # that time passed for the whole cluster, whatever the machine's load)
-        lease = cluster.wait_for("a supervisor lease", cluster.lease, timeout=30)
+        lease = cluster.wait_for("a supervisor lease", cluster.lease, timeout=120)
         cluster.wait_for("the lease renewed past two seconds from now",
                          lambda: (found := cluster.lease()) is not None
                          and found[2] > lease[2] + 2.0, timeout=60)
