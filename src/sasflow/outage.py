@@ -93,11 +93,13 @@ class Repeats:
     so the lines are bounded by kinds, not by tasks or queues named in the messages."""
 
     def __init__(self, log: logging.Logger, what: str, *, every: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 level: int = logging.ERROR) -> None:
         self._log = log
         self._what = what
         self._every = every
         self._clock = clock
+        self._level = level
         self._causes: dict[tuple[type[BaseException], type[BaseException] | None],
                            list[float]] = {}  # cause -> [when last said, count since]
 
@@ -107,15 +109,16 @@ class Repeats:
         said = self._causes.get(cause)
         if said is None:
             self._causes[cause] = [now, 0]
-            self._log.error("%s: %s: %s", self._what, type(error).__name__, _one_line(error))
+            self._log.log(self._level, "%s: %s: %s", self._what, type(error).__name__,
+                          _one_line(error))
             # the first of each cause keeps its traceback, for whoever debugs
             self._log.debug("%s: the first %s", self._what, type(error).__name__,
                             exc_info=error)
             return
         said[1] += 1
         if now - said[0] >= self._every:
-            self._log.error("%s: %d more %s in %.0fs (last: %s)", self._what, int(said[1]),
-                            type(error).__name__, now - said[0], _one_line(error))
+            self._log.log(self._level, "%s: %d more %s in %.0fs (last: %s)", self._what,
+                          int(said[1]), type(error).__name__, now - said[0], _one_line(error))
             said[0], said[1] = now, 0
 
 

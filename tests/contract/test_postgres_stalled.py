@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 from sasflow.store.postgres import PostgresStore
+from sasflow.store.postgres.connections import CONFLICT_ATTEMPTS
 from sasflow.store.postgres.stalled import session_name
 from support.process import HANG_GUARD, Process
 from support.stores import PLANS, submitted
@@ -165,4 +166,44 @@ async def test_a_long_read_is_left_to_run_where_a_stalled_writer_is_ended(url: s
         for conn in (reader, writer):
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
+        await store.close()
+
+
+async def test_a_write_waits_out_another_sessions_long_lock_past_the_conflicts_count(
+        url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A lock held long by a session that is not the store's (a migration's ACCESS
+    EXCLUSIVE, an operator's): the store's write waits past its lock_timeout again and
+    again, as it would wait for the database itself, more times than a conflict is
+    retried, and is written once the lock is let go; one warning says so. Nothing
+    ends the holder: it is not one of the store's sessions."""
+    store = PostgresStore(url, stalled_after=0.2)  # lock waits of 0.1 s
+    ran_out = 0
+    look_again = store._db.stalled.look_again
+
+    def counted() -> None:  # (the store looks again each time a lock wait ran out)
+        nonlocal ran_out
+        ran_out += 1
+        look_again()
+
+    store._db.stalled.look_again = counted  # type: ignore[method-assign]
+    holder = await psycopg.AsyncConnection.connect(url, application_name="migration")
+    try:
+        await submitted(store, "t1")  # the store's schema, and one task
+        await holder.execute("LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE")
+        writing = asyncio.create_task(submitted(store, "t2"))
+        deadline = time.monotonic() + HANG_GUARD
+        while ran_out <= 2 * CONFLICT_ATTEMPTS:  # more than a conflict's retries
+            assert not writing.done(), writing.exception()
+            assert time.monotonic() < deadline, f"{ran_out} lock waits in {HANG_GUARD:.0f}s"
+            await asyncio.sleep(0.01)
+        await holder.rollback()  # the migration done
+        async with asyncio.timeout(HANG_GUARD):
+            await writing
+        task = await store.get("t2")
+        assert task is not None and task.state.value == "pending"
+        # said once, as a warning, however many times it waited (and counted every 30 s)
+        said = [r for r in caplog.records if "waits again" in r.getMessage()]
+        assert [r.levelname for r in said] == ["WARNING"], said
+    finally:
+        await holder.close()
         await store.close()

@@ -1,5 +1,6 @@
-"""Waiting out a PostgreSQL outage: growing waits within a budget, each failed
-attempt told to the store's Outage, which decides whether to log it (R2)."""
+"""Waiting out a PostgreSQL outage, or another session's long lock: growing waits
+within a budget, each failed attempt told to the store's Outage, which decides
+whether to log it (R2)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ class Backoff:
     def patience(self) -> float:
         """How long one wait for a connection may last: what is left of the budget."""
         return min(max(self._deadline - time.monotonic(), 0.05), POOL_WAIT_MAX_S)
+
+    async def wait_for_lock(self, error: Exception) -> None:
+        """A statement's wait for another session's lock ran out (lock_timeout): it
+        waited already, so it goes again at once, within the same budget."""
+        self._error = error
+        if time.monotonic() >= self._deadline:
+            raise StoreError("the PostgreSQL store waited too long for a lock another"
+                             f" session holds: {error}") from error
+        await asyncio.sleep(random.uniform(0.001, 0.01))
 
     async def wait(self, error: Exception | None) -> None:
         self._error = error or self._error

@@ -39,14 +39,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from sasflow import loop_calls
 from sasflow.errors import ConfigurationError, StoreError
-from sasflow.outage import Outage
+from sasflow.outage import Outage, Repeats
 from sasflow.store import queries
 from sasflow.store.postgres import migrations
 from sasflow.store.postgres.backoff import Backoff
 from sasflow.store.postgres.plans import FreshPlans
 from sasflow.store.postgres.stalled import StalledTransactions, session_name
 
-__all__ = ["RETRIED", "Connections", "Lost"]
+__all__ = ["CONFLICT_ATTEMPTS", "RETRIED", "Connections", "Lost"]
 
 log = logging.getLogger("sasflow.store.postgres")
 
@@ -54,9 +54,9 @@ _T = TypeVar("_T")
 _Q = queries.load("postgres", "pyformat")
 RETRIED = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected)  # 40001, 40P01
 # a lock waited on past lock_timeout (55P03): its holder may be a stalled transaction,
-# ended before the job runs again (stalled.py)
+# ended before the job runs again (stalled.py), or another's long lock (a migration's)
 LOCK_WAIT_RAN_OUT = pg_errors.LockNotAvailable
-_CONFLICT_ATTEMPTS = 5
+CONFLICT_ATTEMPTS = 5
 _CLOCK_REFRESH_S = 30.0
 _RECONNECT_FOR_S = 60.0  # how long a call waits for a lost database to come back
 # How long the pool's own reconnection attempts go on before it stops and waits
@@ -119,6 +119,9 @@ class Connections:
         self.schema_ready = False
         self.migrations_applied: list[str] = []  # by this process, for `sasflow db upgrade`
         self.outage = Outage(log, "the PostgreSQL store")
+        self._lock_waits = Repeats(log, "the PostgreSQL store waited past its lock_timeout"
+                                        " on a lock another session holds, and waits again",
+                                   level=logging.WARNING)
         # a young store's plans, made again as its tables grow (plans.py)
         self.plans = FreshPlans()
         self.session_name = session_name(conninfo)
@@ -268,8 +271,11 @@ class Connections:
 
         With `transaction`, in one transaction; without, each statement is a
         transaction by itself (reads, and writes of one statement: no BEGIN or
-        COMMIT round trips). Again after a conflict (40001, 40P01) or a lock
-        waited on too long (55P03, its holder ended if stalled). After a lost
+        COMMIT round trips). Again after a conflict (40001, 40P01), a few times;
+        again after a lock waited on past lock_timeout (55P03), for as long as a
+        lost connection is waited for: a stalled holder is ended meanwhile
+        (stalled.py), and another's lock (a migration's ACCESS EXCLUSIVE, an
+        operator's session) is waited out as the database's outage would be. After a lost
         connection, with `lost="retry"` (reads and writes safe to repeat) again
         once the database is back, for up to `reconnect_for` seconds; with
         `lost="raise"` the caller, who knows how to find out what committed, gets
@@ -294,11 +300,13 @@ class Connections:
                     # with the last, instead of a round trip each
                     async with conn.pipeline(), conn.transaction():
                         return await job(conn)
-            except (*RETRIED, LOCK_WAIT_RAN_OUT) as error:
-                if isinstance(error, LOCK_WAIT_RAN_OUT):
-                    self.stalled.look_again()
+            except LOCK_WAIT_RAN_OUT as error:
+                self.stalled.look_again()
+                self._lock_waits.failed(error)
+                await backoff.wait_for_lock(error)
+            except RETRIED as error:
                 conflicts += 1
-                if conflicts == _CONFLICT_ATTEMPTS:
+                if conflicts == CONFLICT_ATTEMPTS:
                     raise StoreError(f"the PostgreSQL store kept conflicting: {error}"
                                      ) from error
                 await asyncio.sleep(random.uniform(0.001, 0.01) * 2 ** conflicts)
