@@ -230,6 +230,33 @@ async def test_postgres_write_gives_up_after_reconnect_for(
     assert await direct.get("t1") is None
 
 
+@on_postgres
+async def test_postgres_a_call_the_server_never_answers_gives_its_connection_up(
+        make_store: StoreFactory, clock: Clock, proxy: FaultProxy) -> None:
+    """The server stops answering while the connections stay up (a hung host, a link
+    that drops every packet): a call waits `answer_within` for its answer, gives the
+    connection up as lost and tries again, and fails once `reconnect_for` is spent,
+    as for a server that is down. Without the bound it waited for as long as the
+    answers were held. Once they flow again, the store works."""
+    direct = postgres(make_store, clock)
+    store = PostgresStore(proxy.url(direct.conninfo), clock=clock, reconnect_for=0.5,
+                          answer_within=0.5)
+    try:
+        assert await store.get("t1") is None
+        proxy.set_mode("hold-answers")
+        with pytest.raises(StoreError, match=r"no answer from the database within 0\.5s"):
+            # a TimeoutError here means it waited on, as without the bound
+            async with asyncio.timeout(HANG_GUARD):
+                await store.get("t1")
+        assert proxy.held > 0, "no answer was held: the server was never silent"
+        proxy.set_mode("pass")
+        await submitted(store, "t1")
+        assert await store.get("t1") is not None
+    finally:
+        proxy.set_mode("pass")
+        await store.close()
+
+
 # ---------------------------------------------------------------- connections killed under load
 
 

@@ -94,11 +94,13 @@ class PostgresStore(SQLStore):
 
     def __init__(self, conninfo: str, *, clock: Callable[[], float] | None = None,
                  create: bool = True, pool_size: int = 10,
-                 reconnect_for: float | None = None, stalled_after: float | None = None
-                 ) -> None:
+                 reconnect_for: float | None = None, stalled_after: float | None = None,
+                 answer_within: float | None = None) -> None:
         self._db = Connections(conninfo, clock=clock, create=create, pool_size=pool_size)
         if reconnect_for is not None:
             self._db.reconnect_for = reconnect_for
+        if answer_within is not None:  # (seconds a call waits for the server's answers)
+            self._db.answer_within = answer_within
         if stalled_after is not None:  # (seconds in one transaction that make it stalled)
             self._db.stalled.after = stalled_after
         self.conninfo = conninfo
