@@ -44,9 +44,10 @@ from sasflow.store import queries
 from sasflow.store.postgres import migrations
 from sasflow.store.postgres.backoff import Backoff
 from sasflow.store.postgres.plans import FreshPlans
+from sasflow.store.postgres.silent import ANSWER_WITHIN_S, Answered
 from sasflow.store.postgres.stalled import StalledTransactions, session_name
 
-__all__ = ["ANSWER_WITHIN_S", "CONFLICT_ATTEMPTS", "RETRIED", "Connections", "Lost"]
+__all__ = ["CONFLICT_ATTEMPTS", "RETRIED", "Connections", "Lost"]
 
 log = logging.getLogger("sasflow.store.postgres")
 
@@ -59,11 +60,6 @@ LOCK_WAIT_RAN_OUT = pg_errors.LockNotAvailable
 CONFLICT_ATTEMPTS = 5
 _CLOCK_REFRESH_S = 30.0
 _RECONNECT_FOR_S = 60.0  # how long a call waits for a lost database to come back
-# How long a job waits for the server's answers before its connection is given up as
-# lost (`Connections.answered`): far above any statement of the store's (a lock wait
-# is 5 s at most, stalled.py), far below the quarter of an hour TCP keeps resending to
-# a peer that went silent.
-ANSWER_WITHIN_S = 30.0
 # How long the pool's own reconnection attempts go on before it stops and waits
 # for a caller to ask again: psycopg_pool doubles its delay between attempts
 # without a cap, which after a long outage would mean minutes before it tried.
@@ -323,23 +319,10 @@ class Connections:
                     raise Lost(str(error)) from error
                 await backoff.wait(error)
 
-    @contextlib.asynccontextmanager
-    async def answered(self, conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    def answered(self, conn: psycopg.AsyncConnection[Any]) -> Answered:
         """What runs inside gets the server's answers within `answer_within` seconds,
-        or `conn` is given up as lost (psycopg.OperationalError, as for a connection
-        that broke). A server that stopped answering (a hung host, a link that drops
-        every packet, a failover that left the old address silent) would otherwise
-        hold the call, and the role behind it, for as long as TCP keeps resending:
-        a quarter of an hour, or for ever while the peer still acknowledges. psycopg
-        asks the server to cancel the statement first (up to 5 s for the request and 5
-        s for its answer) and closes the connection if it gets no answer."""
-        try:
-            async with asyncio.timeout(self.answer_within):
-                yield
-        except TimeoutError as error:
-            await conn.close()
-            raise psycopg.OperationalError(
-                f"no answer from the database within {self.answer_within:g}s") from error
+        or `conn` is given up as lost (silent.py)."""
+        return Answered(conn, self.answer_within)
 
     @staticmethod
     @contextlib.asynccontextmanager
