@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
+from unittest import mock
 
 import psycopg
 import pytest
@@ -177,33 +178,27 @@ async def test_a_write_waits_out_another_sessions_long_lock_past_the_conflicts_c
     retried, and is written once the lock is let go; one warning says so. Nothing
     ends the holder: it is not one of the store's sessions."""
     store = PostgresStore(url, stalled_after=0.2)  # lock waits of 0.1 s
-    ran_out = 0
-    look_again = store._db.stalled.look_again
-
-    def counted() -> None:  # (the store looks again each time a lock wait ran out)
-        nonlocal ran_out
-        ran_out += 1
-        look_again()
-
-    store._db.stalled.look_again = counted  # type: ignore[method-assign]
+    stalled = store._db.stalled
     holder = await psycopg.AsyncConnection.connect(url, application_name="migration")
-    try:
-        await submitted(store, "t1")  # the store's schema, and one task
-        await holder.execute("LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE")
-        writing = asyncio.create_task(submitted(store, "t2"))
-        deadline = time.monotonic() + HANG_GUARD
-        while ran_out <= 2 * CONFLICT_ATTEMPTS:  # more than a conflict's retries
-            assert not writing.done(), writing.exception()
-            assert time.monotonic() < deadline, f"{ran_out} lock waits in {HANG_GUARD:.0f}s"
-            await asyncio.sleep(0.01)
-        await holder.rollback()  # the migration done
-        async with asyncio.timeout(HANG_GUARD):
-            await writing
-        task = await store.get("t2")
-        assert task is not None and task.state.value == "pending"
-        # said once, as a warning, however many times it waited (and counted every 30 s)
-        said = [r for r in caplog.records if "waits again" in r.getMessage()]
-        assert [r.levelname for r in said] == ["WARNING"], said
-    finally:
-        await holder.close()
-        await store.close()
+    # the store looks for stalled sessions again each time a lock wait ran out: counted
+    with mock.patch.object(stalled, "look_again", wraps=stalled.look_again) as ran_out:
+        try:
+            await submitted(store, "t1")  # the store's schema, and one task
+            await holder.execute("LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE")
+            writing = asyncio.create_task(submitted(store, "t2"))
+            deadline = time.monotonic() + HANG_GUARD
+            while ran_out.call_count <= 2 * CONFLICT_ATTEMPTS:  # past a conflict's retries
+                assert not writing.done(), writing.exception()
+                assert time.monotonic() < deadline, f"{ran_out.call_count} lock waits"
+                await asyncio.sleep(0.01)  # (polling for the count: a positive signal)
+            await holder.rollback()  # the migration done
+            async with asyncio.timeout(HANG_GUARD):
+                await writing
+            task = await store.get("t2")
+            assert task is not None and task.state.value == "pending"
+            # said once, as a warning, however many times it waited (counted every 30 s)
+            said = [r for r in caplog.records if "waits again" in r.getMessage()]
+            assert [r.levelname for r in said] == ["WARNING"], said
+        finally:
+            await holder.close()
+            await store.close()
