@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from typing import Any
+from unittest import mock
 
 import psycopg
 import pytest
@@ -108,3 +110,44 @@ def test_a_pool_left_on_an_idle_loop_is_closed_when_the_loop_runs_again(
         assert pool.closed
     finally:
         home.close()
+
+
+def test_a_pool_never_closed_is_closed_by_its_loops_end(postgres_url: str) -> None:
+    """`asyncio.run` returns (or a test's loop is torn down) with the pool open and one
+    of its workers in the middle of a maintenance task, a new connection's set-up:
+    the loop's end cancels every task left, the pool's closer among them, which
+    closes the pool and so ends the worker (closing.py). Without the closer the end
+    waited for ever on that worker (seen in CI: an async test's teardown)."""
+    db = Connections(postgres_url, clock=None, create=True, pool_size=2)
+    configure = db._configure
+    configured: list[psycopg.AsyncConnection[Any]] = []
+    setting_up = threading.Event()
+
+    async def then_stuck(conn: psycopg.AsyncConnection[Any]) -> None:
+        if configured:  # the second connection's set-up never ends
+            setting_up.set()
+            await asyncio.get_running_loop().create_future()
+        configured.append(conn)
+        await configure(conn)
+
+    async def left_busy() -> None:
+        assert await db.at_home(lambda: db.run(read, transaction=False)) == 1
+        held, release = asyncio.Event(), asyncio.Event()
+        holding = asyncio.ensure_future(db.run(functools.partial(hold, held, release)))
+        await held.wait()  # the one connection is busy: the next call needs a new one
+        reading = asyncio.ensure_future(db.run(read, transaction=False))
+        while not setting_up.is_set():
+            await asyncio.sleep(0.01)  # (until the worker is inside the set-up)
+        del holding, reading  # left running, as by a program that forgot to close
+
+    ended = threading.Event()
+
+    def program() -> None:
+        asyncio.run(left_busy())
+        ended.set()
+
+    # (patched before the pool exists: it takes the set-up as it is made)
+    with mock.patch.object(db, "_configure", then_stuck):
+        threading.Thread(target=program, daemon=True).start()
+        assert ended.wait(HANG_GUARD), "the loop's end waited on the pool's worker"
+    assert db.pool is not None and db.pool.closed

@@ -43,6 +43,7 @@ from sasflow.outage import Outage, Repeats
 from sasflow.store import queries
 from sasflow.store.postgres import migrations
 from sasflow.store.postgres.backoff import Backoff
+from sasflow.store.postgres.closing import PoolCloser, close_there
 from sasflow.store.postgres.plans import FreshPlans
 from sasflow.store.postgres.silent import ANSWER_WITHIN_S, Answered
 from sasflow.store.postgres.stalled import StalledTransactions, session_name
@@ -115,6 +116,7 @@ class Connections:
         self._home_lock = threading.Lock()
         self._home: asyncio.AbstractEventLoop | None = None
         self.pool: AsyncConnectionPool | None = None
+        self._closer: PoolCloser | None = None  # the open pool's (closing.py)
         self._on_new_home: Callable[[], None] = lambda: None
         self._open_lock = asyncio.Lock()
         self.opened = False
@@ -228,6 +230,8 @@ class Connections:
             if self.opened:
                 return pool
             await pool.open(wait=False)
+            if self._closer is None or self._closer.pool is not pool:
+                self._closer = PoolCloser(pool)  # (closed with the loop if not before)
             while not self.schema_ready:  # checked before any use
                 try:
                     await asyncio.to_thread(self.ensure_schema)
@@ -362,27 +366,19 @@ class Connections:
 
     async def close(self) -> None:
         with self._home_lock:
-            home, pool = self._home, self.pool
-            self._home = self.pool = None
+            home, pool, closer = self._home, self.pool, self._closer
+            self._home = self.pool = self._closer = None
             self.opened = False
-        if pool is not None and not pool.closed and home is not None and not home.is_closed():
-            if home is asyncio.get_running_loop():
-                await pool.close()
-            elif home.is_running():
-                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(pool.close(), home))
-            else:  # idle (an async test's loop under a sync fixture, or asyncio.run's
-                # before its shutdown): closed there as soon as it runs again. Its
-                # shutdown cancels what is left on it, and a pool worker cancelled in
-                # the middle of a maintenance task goes on (psycopg_pool keeps itself
-                # whole): only the pool's close ends it (test_postgres_cancellation)
-                loop_calls.tell(home, _close_there, pool)  # (False: closed meanwhile)
-
-
-_closing: set[asyncio.Task[None]] = set()  # pools being closed on their idle home loop
-
-
-def _close_there(pool: AsyncConnectionPool) -> None:
-    """In the pool's home loop, once it runs again: the pool closed."""
-    closing = asyncio.get_running_loop().create_task(pool.close())
-    _closing.add(closing)
-    closing.add_done_callback(_closing.discard)
+        if pool is None or pool.closed or home is None or home.is_closed():
+            return
+        if closer is None or closer.pool is not pool:  # (never opened)
+            closer = None
+        if home is asyncio.get_running_loop():
+            await (pool.close() if closer is None else closer.close())
+        elif home.is_running():
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+                pool.close() if closer is None else closer.close(), home))
+        elif closer is not None:  # idle (an async test's loop under a sync fixture, or
+            # asyncio.run's before its shutdown): closed there as soon as it runs again,
+            # by its closer's cancellation if that comes first (closing.py)
+            loop_calls.tell(home, close_there, closer)  # (False: closed meanwhile)
