@@ -251,7 +251,8 @@ class Connections:
     async def _discard(self, pool: AsyncConnectionPool) -> None:
         """Close a pool whose connecting would never succeed (its workers would retry
         for ever, holding up the loop's end); the next call makes a new one."""
-        await pool.close()
+        closer, self._closer = self._closer, None
+        await (closer.close() if closer is not None and closer.pool is pool else pool.close())
         with self._home_lock:
             self._home = None
 
