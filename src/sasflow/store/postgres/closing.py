@@ -21,7 +21,7 @@ import contextlib
 
 from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["PoolCloser", "close_there"]
+__all__ = ["PoolCloser", "close_pool", "close_there"]
 
 
 class PoolCloser:
@@ -43,6 +43,15 @@ class PoolCloser:
         self._watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._watch
+
+
+async def close_pool(pool: AsyncConnectionPool, closer: PoolCloser | None) -> None:
+    """Close `pool` (on its loop): through `closer` if it is the pool's, which then ends
+    too, else directly (a pool never opened has none)."""
+    if closer is not None and closer.pool is pool:
+        await closer.close()
+    else:
+        await pool.close()
 
 
 _closing: set[asyncio.Task[None]] = set()  # pools being closed on their idle home loop

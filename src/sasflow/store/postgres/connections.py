@@ -43,7 +43,7 @@ from sasflow.outage import Outage, Repeats
 from sasflow.store import queries
 from sasflow.store.postgres import migrations
 from sasflow.store.postgres.backoff import Backoff
-from sasflow.store.postgres.closing import PoolCloser, close_there
+from sasflow.store.postgres.closing import PoolCloser, close_pool, close_there
 from sasflow.store.postgres.plans import FreshPlans
 from sasflow.store.postgres.silent import ANSWER_WITHIN_S, Answered
 from sasflow.store.postgres.stalled import StalledTransactions, session_name
@@ -252,7 +252,7 @@ class Connections:
         """Close a pool whose connecting would never succeed (its workers would retry
         for ever, holding up the loop's end); the next call makes a new one."""
         closer, self._closer = self._closer, None
-        await (closer.close() if closer is not None and closer.pool is pool else pool.close())
+        await close_pool(pool, closer)
         with self._home_lock:
             self._home = None
 
@@ -372,14 +372,13 @@ class Connections:
             self.opened = False
         if pool is None or pool.closed or home is None or home.is_closed():
             return
-        if closer is None or closer.pool is not pool:  # (never opened)
-            closer = None
         if home is asyncio.get_running_loop():
-            await (pool.close() if closer is None else closer.close())
+            await close_pool(pool, closer)
         elif home.is_running():
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
-                pool.close() if closer is None else closer.close(), home))
-        elif closer is not None:  # idle (an async test's loop under a sync fixture, or
-            # asyncio.run's before its shutdown): closed there as soon as it runs again,
-            # by its closer's cancellation if that comes first (closing.py)
+                close_pool(pool, closer), home))
+        elif closer is not None and closer.pool is pool:
+            # idle (an async test's loop under a sync fixture, or asyncio.run's before
+            # its shutdown): closed there as soon as it runs again, by its closer's
+            # cancellation if that comes first (closing.py)
             loop_calls.tell(home, close_there, closer)  # (False: closed meanwhile)
