@@ -46,6 +46,8 @@ Mode = Literal["pass", "black-hole", "hold-answers", "reset"]
 _CHUNK = 1 << 16
 # after a marked chunk, what else the client sends at once belongs to the same message
 _REST_OF_MESSAGE = 0.2
+# how long a closing proxy lets a connection it accepted finish its set-up (TLS)
+_STOP_WITHIN = 10.0
 
 
 class _Link:
@@ -83,6 +85,7 @@ class FaultProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._accepting: set[asyncio.Task[None]] = set()  # (held: a task is weakly held)
         self._server: asyncio.Server | None = None
+        self._stopping = False
         self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy",
                                         daemon=True)
         self._thread.start()
@@ -143,16 +146,30 @@ class FaultProxy:
         return bound
 
     async def _stop(self) -> None:
-        """Reset every connection and end every task: no socket outlives the loop."""
+        """Refuse new connections, reset every open one and end every task: no socket
+        outlives the loop, and no task is left pending in it."""
+        self._stopping = True  # from now on a connection is reset as it is accepted
+        loop = asyncio.get_running_loop()
+        listening = self._server.sockets if self._server is not None else ()
+        for sock in listening:  # accept no more, the server still open
+            loop.remove_reader(sock.fileno())
+        # asyncio's own accept tasks, one per connection accepted already, are left to
+        # finish, each handing its connection to `_accepted`, which now resets it. Not
+        # before: cancelled before it starts, such a task drops its socket unclosed, and
+        # once the server is closed it fails to make the connection's transport and
+        # drops both (Python 3.11's `Server._attach` asserts the server is open).
+        while others := [task for task in asyncio.all_tasks()
+                         if task is not asyncio.current_task()]:
+            for writer in list(self._writers):
+                _reset(writer)
+            for task in others:
+                if task in self._accepting:
+                    task.cancel()
+            _, unfinished = await asyncio.wait(others, timeout=_STOP_WITHIN)
+            for task in unfinished:  # a client stuck in its TLS handshake
+                task.cancel()
         if self._server is not None:
             self._server.close()
-        for writer in list(self._writers):
-            _reset(writer)
-        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in others:
-            task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
-        if self._server is not None:
             await self._server.wait_closed()
 
     async def _set_mode(self, mode: Mode) -> None:
@@ -175,6 +192,9 @@ class FaultProxy:
         # stop that cancels the task before then still resets it (else its socket
         # outlived the loop, unclosed)
         self._writers.add(writer)
+        if self._stopping:
+            _reset(writer)
+            return
         task = asyncio.get_running_loop().create_task(self._accept(reader, writer))
         self._accepting.add(task)
         task.add_done_callback(self._accepting.discard)
