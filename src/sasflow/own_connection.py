@@ -14,6 +14,9 @@ new connection can be made. So does the store's first use, its schema check (on
 a connection of its own, which may be lost too): until the store has made it,
 submissions go through the loop, whose opening of the store waits out a lost
 connection; made here, its failure reached the caller as an error.
+
+A server that stops answering fails the connection too: its answers are waited
+for the store's `answer_within` seconds (silent.py), as the loop's calls wait.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ class _Joinable(Protocol):
     """A store whose submissions can join a caller's connection (PostgreSQL's)."""
 
     conninfo: str
+
+    @property
+    def answer_within(self) -> float: ...
 
     @property
     def schema_checked(self) -> bool: ...
@@ -80,6 +86,8 @@ class OwnConnection:
     def _run(self, write: Callable[[Any], T]) -> T | None:
         import psycopg  # only a PostgreSQL store has a conninfo
 
+        from sasflow.store.postgres.silent import AnsweredSync
+
         if not self._store.schema_checked:
             return None
         with self._lock:
@@ -90,7 +98,8 @@ class OwnConnection:
                     name = given.get("application_name", APPLICATION_NAME)
                     self._conn = psycopg.connect(self._conninfo, autocommit=True,
                                                  connect_timeout=5, application_name=name)
-                return write(self._conn)
+                with AnsweredSync(self._conn, self._store.answer_within):
+                    return write(self._conn)
             except psycopg.OperationalError:
                 self._close()
                 return None

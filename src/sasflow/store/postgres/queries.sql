@@ -55,6 +55,11 @@ LISTEN sasflow_finished
 -- commit wrote status messages (E11).
 LISTEN sasflow_outbox
 
+-- name: still_there
+-- A listener asks it after a quiet spell (wake.py): a server that does not answer it
+-- in time is given up as gone, and the listener connects again.
+SELECT 1
+
 -- name: select_task_identities
 SELECT task_id, workflow, input FROM tasks WHERE task_id = ANY(:task_ids)
 

@@ -32,6 +32,7 @@ from psycopg.rows import dict_row
 from sasflow.model import Task
 from sasflow.store import queries
 from sasflow.store.postgres.flushers import Flushers
+from sasflow.store.postgres.silent import Answered
 from sasflow.store.rows import Row, attach_steps, task_from_row
 
 __all__ = ["GuestReads", "ReadBatch", "read_of", "read_text_of", "tasks_of_rows",
@@ -103,13 +104,14 @@ class GuestReads:
                  statement: Callable[[Sequence[str]], tuple[str, dict[str, Any]]],
                  setup: str | None,
                  rows_to_tasks: Callable[[list[Any]], list[Task]], fallback: Read,
-                 connect_timeout: int) -> None:
+                 connect_timeout: int, answer_within: float) -> None:
         self._conninfo = conninfo
         self._statement = statement
         self._setup = setup
         self._rows_to_tasks = rows_to_tasks
         self._fallback = fallback
         self._connect_timeout = connect_timeout
+        self._answer_within = answer_within  # (silent.py)
         self._lock = threading.Lock()
         self._guests: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Guest] = (
             weakref.WeakKeyDictionary())
@@ -127,8 +129,9 @@ class GuestReads:
         try:
             if guest.conn is None or guest.conn.closed:
                 guest.conn = await self._connect()
-            cur = await guest.conn.execute(*self._statement(ids))
-            return self._rows_to_tasks(await cur.fetchall())
+            async with Answered(guest.conn, self._answer_within):
+                cur = await guest.conn.execute(*self._statement(ids))
+                return self._rows_to_tasks(await cur.fetchall())
         except psycopg.OperationalError:
             if guest.conn is not None:
                 await guest.conn.close()
@@ -140,7 +143,8 @@ class GuestReads:
             self._conninfo, autocommit=True, row_factory=dict_row,
             connect_timeout=self._connect_timeout)
         if self._setup is not None:
-            await conn.execute(self._setup)
+            async with Answered(conn, self._answer_within):
+                await conn.execute(self._setup)
         return conn
 
     async def close(self) -> None:

@@ -16,17 +16,28 @@ the job fails with psycopg.OperationalError, as for a connection that broke. It 
 then waited out within `reconnect_for`, and a write whose answer never came is
 looked up by its token once the server answers again (bulk.py). The bound is far
 above any statement of the store's: a lock wait is 5 s at most (stalled.py).
+
+The blocking calls on psycopg's synchronous connections (the blocking submit's own
+connection) get the same bound from `AnsweredSync`: a watchdog thread shuts the
+socket down under a call still waiting at its deadline, which ends libpq's wait as
+a lost connection. The store's other connections (its listeners, a client's reads
+from other loops) are asynchronous and use `Answered`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
 from types import TracebackType
 from typing import Any
 
 import psycopg
 
-__all__ = ["ANSWER_WITHIN_S", "Answered"]
+__all__ = ["ANSWER_WITHIN_S", "Answered", "AnsweredSync"]
 
 ANSWER_WITHIN_S = 30.0
 
@@ -53,3 +64,85 @@ class Answered:
             await self._conn.close()
             raise psycopg.OperationalError(
                 f"no answer from the database within {self._seconds:g}s") from timed_out
+
+
+class AnsweredSync:
+    """What runs inside, on the synchronous `conn`, gets its answers within `seconds`,
+    or fails with psycopg.OperationalError as for a connection that broke."""
+
+    __slots__ = ("_fd", "_seconds", "_watch")
+
+    def __init__(self, conn: psycopg.Connection[Any], seconds: float) -> None:
+        self._fd = conn.fileno()
+        self._seconds = seconds
+
+    def __enter__(self) -> None:
+        self._watch = _WATCHDOG.arm(self._fd, self._seconds)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        _WATCHDOG.disarm(self._watch)
+        if isinstance(error, psycopg.OperationalError) and self._watch.fired:
+            raise psycopg.OperationalError(
+                f"no answer from the database within {self._seconds:g}s") from error
+
+
+class _Watch:
+    __slots__ = ("deadline", "fd", "fired")
+
+    def __init__(self, fd: int, deadline: float) -> None:
+        self.fd = fd
+        self.deadline = deadline
+        self.fired = False
+
+
+class _Watchdog:
+    """One thread for the process, started with the first watch: it looks over the
+    watches every quarter of the shortest bound it has been given, and shuts down the
+    socket of each one past its deadline. Arming and disarming take no more than a
+    lock: a watch costs its call nothing it could measure."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watches: set[_Watch] = set()
+        self._look_every = float("inf")
+        self._woken = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, fd: int, seconds: float) -> _Watch:
+        watch = _Watch(fd, time.monotonic() + seconds)
+        with self._lock:
+            self._watches.add(watch)
+            if seconds / 4 < self._look_every:
+                self._look_every = seconds / 4
+                self._woken.set()  # look sooner than it meant to
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._look, daemon=True,
+                                                name="sasflow-pg-watchdog")
+                self._thread.start()
+        return watch
+
+    def disarm(self, watch: _Watch) -> None:
+        with self._lock:
+            self._watches.discard(watch)
+
+    def _look(self) -> None:
+        while True:
+            self._woken.wait(self._look_every)
+            self._woken.clear()
+            now = time.monotonic()
+            with self._lock:  # under it, a watch disarmed is never fired after
+                for watch in [w for w in self._watches if w.deadline <= now]:
+                    self._watches.discard(watch)
+                    watch.fired = True
+                    _shut_down(watch.fd)
+
+
+def _shut_down(fd: int) -> None:
+    """End every wait on the socket `fd`, its owner's included (a duplicate of it is
+    shut down: the socket is one), and leave closing it to its owner."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as duplicate:
+        duplicate.shutdown(socket.SHUT_RDWR)
+
+
+_WATCHDOG = _Watchdog()

@@ -107,11 +107,12 @@ class PostgresStore(SQLStore):
         self._commit: GroupCommit[Write, bool] | None = None
         self._notices = CommitNotices(self._db)
         self._reads: ReadBatch | None = None
-        self._finished = FinishedListener(conninfo, self._db.connect_timeout())
+        self._finished = FinishedListener(conninfo, self._db.connect_timeout(),
+                                          self._db.answer_within)
         self._guests = GuestReads(
             conninfo, statement=read_text_of, setup=_Q["session_setup"],
             rows_to_tasks=tasks_of_rows,
-            connect_timeout=self._db.connect_timeout(),
+            connect_timeout=self._db.connect_timeout(), answer_within=self._db.answer_within,
             fallback=lambda ids: self._db.at_home(lambda: self._read_at_home(ids)))
         self._db.on_new_home(self._new_home)
 
@@ -136,6 +137,12 @@ class PostgresStore(SQLStore):
     @reconnect_for.setter
     def reconnect_for(self, seconds: float) -> None:
         self._db.reconnect_for = seconds
+
+    @property
+    def answer_within(self) -> float:
+        """Seconds a call waits for the server's answers before giving its connection
+        up as lost (silent.py)."""
+        return self._db.answer_within
 
     @property
     def schema_checked(self) -> bool:

@@ -24,20 +24,22 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import psycopg
 
 from sasflow.store import queries
 from sasflow.store.postgres.bulk import Notices, tell
 from sasflow.store.postgres.connections import Connections
+from sasflow.store.postgres.silent import Answered
 
 __all__ = ["CommitNotices", "FinishedListener", "listen_for_statuses", "listen_for_work"]
 
 log = logging.getLogger("sasflow.store.postgres")
 
 _Q = queries.load("postgres", "pyformat")
-_LOOK_S = 0.5  # how often the listener's thread sees whether it should stop
+_JOIN_S = 1.0  # how long a closing listener waits for its thread
 _RETRY_MAX_S = 2.0
 
 
@@ -72,31 +74,50 @@ async def _listen(conninfo: str, db: Connections, statement: str,
     backoff = db.backoff(float("inf"))
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-                await conn.execute(_Q[statement])
+            async with await psycopg.AsyncConnection.connect(
+                    conninfo, autocommit=True, connect_timeout=db.connect_timeout()) as conn:
+                async with db.answered(conn):
+                    await conn.execute(_Q[statement])
                 backoff = db.backoff(float("inf"))
                 db.outage.recovered()
                 heard(None)
-                async for notice in conn.notifies():
+                async for notice in notices(conn, db.answer_within):
                     heard(notice.payload)
         except psycopg.OperationalError as error:
             await backoff.wait(error)
 
 
+async def notices(conn: psycopg.AsyncConnection[Any], answer_within: float
+                  ) -> AsyncIterator[psycopg.Notify]:
+    """What `conn` hears, until it breaks or, asked after a quiet spell of
+    `answer_within` seconds, its server does not answer within as long (silent.py).
+    A listener on a link gone silent would otherwise wait for ever, and whatever it
+    wakes would wait for its own polls: an idle scheduler's are 2 s apart."""
+    while True:
+        quiet = True
+        async for notice in conn.notifies(timeout=answer_within):
+            quiet = False
+            yield notice
+        if quiet:
+            async with Answered(conn, answer_within):
+                await conn.execute(_Q["still_there"])
+
+
 class FinishedListener:
     """Calls its subscribers with the id of every task that a commit, by any process,
-    ended. Its thread and connection start with the first subscriber (the waiters of
-    a client may live on any event loop, as the SQLite store's wake channel serves
-    them) and stop at `close`. While its connection is down nothing is heard: the
-    waiters' polling is the safety net."""
+    ended. Its thread, with an event loop of its own, and its connection start with
+    the first subscriber (the waiters of a client may live on any event loop, as the
+    SQLite store's wake channel serves them) and stop at `close`. While its
+    connection is down nothing is heard: the waiters' polling is the safety net."""
 
-    def __init__(self, conninfo: str, connect_timeout: int) -> None:
+    def __init__(self, conninfo: str, connect_timeout: int, answer_within: float) -> None:
         self._conninfo = conninfo
         self._connect_timeout = connect_timeout
+        self._answer_within = answer_within
         self._lock = threading.Lock()
         self._subscribers: list[Callable[[str], None]] = []
         self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._hearing: _Hearing | None = None
         self.listening = threading.Event()  # set while LISTEN is in effect
 
     def subscribe(self, finished: Callable[[str], None]) -> Callable[[], None]:
@@ -104,9 +125,10 @@ class FinishedListener:
         with self._lock:
             self._subscribers.append(finished)
             if self._thread is None:
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._listen, daemon=True,
-                                                name="sasflow-pg-finished")
+                self._hearing = _Hearing()
+                self._thread = threading.Thread(target=asyncio.run,
+                                                args=(self._hear(self._hearing),),
+                                                daemon=True, name="sasflow-pg-finished")
                 self._thread.start()
 
         def unsubscribe() -> None:
@@ -118,29 +140,38 @@ class FinishedListener:
     def close(self) -> None:
         with self._lock:
             thread, self._thread = self._thread, None
-            self._stop.set()
+            hearing, self._hearing = self._hearing, None
+        if hearing is not None:
+            hearing.stop()
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=2 * _LOOK_S)
+            thread.join(timeout=_JOIN_S)
 
-    def _listen(self) -> None:
+    async def _hear(self, hearing: _Hearing) -> None:
+        if not hearing.started():
+            return
         delay = 0.05
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self._conninfo, autocommit=True,
-                                     connect_timeout=self._connect_timeout) as conn:
-                    conn.execute(_Q["listen_finished"])
-                    self.listening.set()
-                    delay = 0.05
-                    while not self._stop.is_set():
-                        for notice in conn.notifies(timeout=_LOOK_S):
+        try:
+            while True:
+                try:
+                    async with await psycopg.AsyncConnection.connect(
+                            self._conninfo, autocommit=True,
+                            connect_timeout=self._connect_timeout) as conn:
+                        async with Answered(conn, self._answer_within):
+                            await conn.execute(_Q["listen_finished"])
+                        self.listening.set()
+                        delay = 0.05
+                        async for notice in notices(conn, self._answer_within):
                             if notice.channel == "sasflow_finished":
                                 self._tell(notice.payload.split("\n"))
-            except psycopg.Error as error:
-                self.listening.clear()
-                log.debug("listening for finished tasks: %s", error)
-                self._stop.wait(delay)
-                delay = min(delay * 2, _RETRY_MAX_S)
-        self.listening.clear()
+                except psycopg.Error as error:
+                    self.listening.clear()
+                    log.debug("listening for finished tasks: %s", error)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _RETRY_MAX_S)
+        except asyncio.CancelledError:
+            pass  # closed: the loop, and the thread, end here
+        finally:
+            self.listening.clear()
 
     def _tell(self, task_ids: list[str]) -> None:
         with self._lock:
@@ -148,6 +179,33 @@ class FinishedListener:
         for task_id in task_ids:
             for finished in subscribers:
                 finished(task_id)
+
+
+class _Hearing:
+    """One run of a listener's thread, stopped from any thread: before its loop runs
+    (it then never starts) or while it runs (its task is cancelled)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._cancel: Callable[[], object] | None = None
+
+    def started(self) -> bool:
+        """On the thread's loop, in its task: False if already stopped."""
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        with self._lock:
+            if not self._stopped:
+                self._cancel = lambda: loop.call_soon_threadsafe(task.cancel)
+            return not self._stopped
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            cancel = self._cancel
+        if cancel is not None:
+            with contextlib.suppress(RuntimeError):  # its loop has ended already
+                cancel()
 
 
 class CommitNotices:
