@@ -209,10 +209,12 @@ class Connections:
     # ------------------------------------------------------------ connections
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Every pooled connection's session settings: its bounds (stalled.py) and
-        queries.sql session_setup."""
-        await self.stalled.bound(conn)
-        if has_jit(conn):
-            await conn.execute(_Q["session_setup"])
+        queries.sql session_setup. Bounded as a job: a pool worker held here by a server
+        gone silent after the handshake would make no connection again."""
+        async with self.answered(conn):
+            await self.stalled.bound(conn)
+            if has_jit(conn):
+                await conn.execute(_Q["session_setup"])
 
     def connect_timeout(self) -> int:
         """Seconds one connection attempt may take (within what the caller waits)."""
