@@ -10,18 +10,20 @@ a heartbeat.
 
 So every job of the store (`Connections.run`) gets its answers within
 `answer_within` seconds (ANSWER_WITHIN_S by default), or its connection is given up
-as lost: psycopg, cancelled, asks the server to cancel the statement (up to 5 s for
-the request, 5 s for its answer) and closes the connection if it hears nothing, and
-the job fails with psycopg.OperationalError, as for a connection that broke. It is
-then waited out within `reconnect_for`, and a write whose answer never came is
-looked up by its token once the server answers again (bulk.py). The bound is far
-above any statement of the store's: a lock wait is 5 s at most (stalled.py).
+as lost: the socket is shut down under the waiting call, which ends libpq's wait at
+once, and the job fails with psycopg.OperationalError, as for a connection that
+broke. It is then waited out within `reconnect_for`, and a write whose answer never
+came is looked up by its token once the server answers again (bulk.py). The bound
+is far above any statement of the store's: a lock wait is 5 s at most
+(stalled.py): a call still waiting at it is taken for unanswered.
 
-The blocking calls on psycopg's synchronous connections (the blocking submit's own
-connection) get the same bound from `AnsweredSync`: a watchdog thread shuts the
-socket down under a call still waiting at its deadline, which ends libpq's wait as
-a lost connection. The store's other connections (its listeners, a client's reads
-from other loops) are asynchronous and use `Answered`.
+The socket is shut down rather than the call cancelled: psycopg, cancelled, asks
+the server to cancel the statement and waits for that on a new connection (up to 5
+s for the request, 5 s for its answer), which a silent server never gives, so the
+call took `answer_within` + 10 s to give up. And psycopg's blocking calls have no
+bound at all: `AnsweredSync` (the blocking submit's own connection) has a watchdog
+thread do the same to them. The store's other asynchronous connections (its
+listeners, a client's reads from other loops) use `Answered` as the jobs do.
 """
 
 from __future__ import annotations
@@ -43,27 +45,34 @@ ANSWER_WITHIN_S = 30.0
 
 
 class Answered:
-    """asyncio.timeout around a job on `conn`, its expiry turned into a lost connection
-    (a class, not a generator: it wraps every job, and costs half as much so)."""
+    """`conn`'s socket shut down if what runs inside has not had its answers within
+    `seconds`, which then fails as a lost connection (a class, not a generator: it
+    wraps every job, and costs half as much so)."""
 
-    __slots__ = ("_conn", "_seconds", "_timeout")
+    __slots__ = ("_conn", "_fired", "_seconds", "_timer")
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], seconds: float) -> None:
         self._conn = conn
         self._seconds = seconds
-        self._timeout = asyncio.timeout(seconds)
+        self._fired = False
 
     async def __aenter__(self) -> None:
-        await self._timeout.__aenter__()
+        self._timer = asyncio.get_running_loop().call_later(self._seconds, self._give_up)
+
+    def _give_up(self) -> None:
+        self._fired = True
+        with contextlib.suppress(psycopg.Error):  # closed already: nothing waits on it
+            _shut_down(self._conn.fileno())
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
                         trace: TracebackType | None) -> None:
-        try:
-            await self._timeout.__aexit__(kind, error, trace)
-        except TimeoutError as timed_out:
-            await self._conn.close()
+        self._timer.cancel()
+        if not self._fired:
+            return
+        await self._conn.close()  # no use to anyone now
+        if isinstance(error, psycopg.OperationalError):
             raise psycopg.OperationalError(
-                f"no answer from the database within {self._seconds:g}s") from timed_out
+                f"no answer from the database within {self._seconds:g}s") from error
 
 
 class AnsweredSync:
