@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
+import operator
 import threading
 from collections.abc import Callable, Iterator
 
@@ -126,7 +128,7 @@ async def heard_once_listening(direct: PostgresStore, heard: list[str], name: st
             await notify(direct.conninfo, "sasflow_finished", marker)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.5):
-                    await until(lambda: marker in heard)  # noqa: B023 (awaited here)
+                    await until(functools.partial(operator.contains, heard, marker))
                     return
 
 

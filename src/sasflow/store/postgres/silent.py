@@ -109,7 +109,7 @@ class _Watchdog:
     """One thread for the process, started with the first watch: it looks over the
     watches every quarter of the shortest bound it has been given, and shuts down the
     socket of each one past its deadline. Arming and disarming take no more than a
-    lock: a watch costs its call nothing it could measure."""
+    lock: a watch costs its call 2.5 µs (docs/benchmarks.md)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
