@@ -17,13 +17,14 @@ import itertools
 import operator
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
 from sasflow.errors import StoreError
 from sasflow.own_connection import OwnConnection
-from sasflow.store.postgres import PostgresStore
+from sasflow.store.postgres import PostgresStore, migrations
 from sasflow.store.postgres.silent import AnsweredSync
 from support.faultproxy import FaultProxy, fault_proxy
 from support.stores import Clock, StoreFactory, new_task
@@ -201,3 +202,27 @@ async def test_a_blocking_submit_on_a_silent_server_goes_through_the_loop(
         proxy.set_mode("pass")
         await asyncio.to_thread(own.close)
         await store.close()
+
+
+@on_postgres
+async def test_the_schema_check_on_a_silent_server_gives_its_connection_up(
+        make_store: StoreFactory, proxy: FaultProxy) -> None:
+    """Every process checks the schema at its start, on a synchronous connection of
+    its own: the check waits `answer_within` for its answers, so a process started
+    while the server is silent waits it out as for one that is down (R2), instead of
+    hanging at its start."""
+    direct = postgres(make_store)
+    assert await direct.get("t1") is None  # its first use: the schema made
+    url = proxy.url(direct.conninfo)
+
+    def check(conn: psycopg.Connection[Any]) -> list[str]:
+        return migrations.migrate(conn, False, answer_within=ANSWER_WITHIN)
+
+    with psycopg.connect(url) as conn:
+        assert await asyncio.to_thread(check, conn) == []  # up to date: only read
+        proxy.set_mode("hold-answers")
+        with pytest.raises(psycopg.OperationalError,
+                           match=r"no answer from the database within 0\.5s"):
+            async with asyncio.timeout(HANG_GUARD):  # a TimeoutError: it waited on
+                await asyncio.to_thread(check, conn)
+        assert proxy.held > 0, "no answer was held: the server was never silent"

@@ -262,7 +262,8 @@ class Connections:
         """Check (or bring up to date) the schema, on a connection of its own."""
         try:
             with psycopg.connect(self.conninfo, connect_timeout=self.connect_timeout()) as conn:
-                self.migrations_applied += migrations.migrate(conn, self._create)
+                self.migrations_applied += migrations.migrate(
+                    conn, self._create, answer_within=self.answer_within)
         except psycopg.OperationalError as error:
             if _BAD_SETTING.search(str(error)):  # no server will ever accept it: say so now
                 raise ConfigurationError(f"bad PostgreSQL URL: {error}") from error

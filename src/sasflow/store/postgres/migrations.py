@@ -12,6 +12,7 @@ from psycopg.rows import dict_row
 
 from sasflow.errors import StoreError
 from sasflow.store import queries
+from sasflow.store.postgres.silent import ANSWER_WITHIN_S, AnsweredSync
 from sasflow.store.rows import versions_of
 
 __all__ = ["migrate", "scripts"]
@@ -25,13 +26,24 @@ def scripts() -> list[tuple[str, str]]:
     return sorted((f.name, f.read_text()) for f in folder.iterdir() if f.name.endswith(".sql"))
 
 
-def migrate(conn: psycopg.Connection[Any], create: bool) -> list[str]:
+def migrate(conn: psycopg.Connection[Any], create: bool, *,
+            answer_within: float = ANSWER_WITHIN_S) -> list[str]:
     """Apply the packaged migrations this database has not seen, in order, atomically.
 
     With `create=False` a database that is behind is refused instead. A database
     that is up to date is only read, so processes whose role may not CREATE can
     open it. Returns the names of the migrations it applied.
+
+    That read gets its answers within `answer_within` seconds (silent.py): every
+    process makes it at its start, and one started while the server is silent then
+    waits it out as for a server that is down (R2). The migrations are not so
+    bounded: one may rightly take long.
     """
+    with AnsweredSync(conn, answer_within):
+        pending = _pending(conn)
+        conn.rollback()  # it only read: the migrations' transaction is a new one
+    if not pending:
+        return []
     with conn.transaction():
         pending = _pending(conn)
         if not pending:
